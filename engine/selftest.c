@@ -1,0 +1,209 @@
+#include "selftest.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "json_out.h"
+
+#define TOLERANCE 2e-4 /* max |y - ref| / max |ref|: float sums in a different order */
+#define Q4_GROUP 32
+
+typedef struct shape { int64_t rows, cols, s; } shape;
+static const shape SHAPES[] = {{64, 128, 1}, {96, 256, 7}, {130, 512, 33}};
+static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
+static float rnd(void) { /* xorshift64*, uniform in [-1, 1) */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (float)((rng_state * 0x2545F4914F6CDD1DULL) >> 40) / (float)(1 << 23) - 1.0f;
+}
+
+typedef struct check {
+    int format;
+    shape sh;
+    double err;
+    int status;
+    char message[256];
+} check;
+
+/* Uploads one random weight in `format`, runs the backend and the CPU path, compares. */
+static void run_check(coli_backend *b, int format, shape sh, check *c) {
+    size_t n = (size_t)(sh.rows * sh.cols);
+    float *w = malloc(n * sizeof *w), *x = malloc((size_t)(sh.s * sh.cols) * sizeof *x);
+    float *y = malloc((size_t)(sh.s * sh.rows) * sizeof *y), *ref = malloc((size_t)(sh.s * sh.rows) * sizeof *ref);
+    int8_t *q8 = malloc(n);
+    uint8_t *q4 = malloc(n / 2);
+    float *scale = malloc((size_t)sh.rows * (size_t)(sh.cols / Q4_GROUP) * sizeof *scale);
+    coli_tensor t = 0;
+    memset(c, 0, sizeof *c);
+    c->format = format;
+    c->sh = sh;
+    c->err = INFINITY;
+    if (!w || !x || !y || !ref || !q8 || !q4 || !scale) {
+        c->status = -1;
+        snprintf(c->message, sizeof c->message, "out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) w[i] = rnd();
+    for (int64_t i = 0; i < sh.s * sh.cols; i++) x[i] = rnd();
+    for (int64_t i = 0; i < sh.s * sh.rows; i++) y[i] = NAN; /* poison: an unwritten output fails */
+    if (format == COLI_FMT_F32) {
+        coli_matmul_f32(w, sh.rows, sh.cols, x, sh.s, ref);
+        c->status = b->api.tensor_upload_f32(w, sh.rows, sh.cols, &t);
+    } else if (format == COLI_FMT_Q8) {
+        coli_quantize_q8(w, sh.rows, sh.cols, q8, scale);
+        coli_matmul_q8(q8, scale, sh.rows, sh.cols, x, sh.s, ref);
+        c->status = b->api.tensor_upload_q8(q8, scale, sh.rows, sh.cols, &t);
+    } else {
+        coli_quantize_q4(w, sh.rows, sh.cols, Q4_GROUP, q4, scale);
+        coli_matmul_q4(q4, scale, sh.rows, sh.cols, Q4_GROUP, x, sh.s, ref);
+        c->status = b->api.tensor_upload_q4(q4, scale, sh.rows, sh.cols, Q4_GROUP, &t);
+    }
+    if (c->status == COLI_OK) c->status = b->api.matmul(t, x, sh.s, sh.cols, y);
+    if (c->status != COLI_OK) {
+        snprintf(c->message, sizeof c->message, "%s", b->api.last_error());
+        goto done;
+    }
+    double maxref = 0.0, maxdiff = 0.0;
+    for (int64_t i = 0; i < sh.s * sh.rows; i++) {
+        double d = fabs((double)y[i] - (double)ref[i]);
+        if (!(d <= maxdiff)) maxdiff = d; /* NaN propagates */
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    c->err = maxdiff / (maxref > 1e-12 ? maxref : 1e-12);
+done:
+    if (t) b->api.tensor_free(t);
+    free(w); free(x); free(y); free(ref); free(q8); free(q4); free(scale);
+}
+
+typedef struct bad_case {
+    const char *name;
+    int expected;
+    int got;
+    char message[256];
+} bad_case;
+
+/* Each bad input must give its status and a reason, never a crash. */
+static int run_bad_inputs(coli_backend *b, bad_case *cases) {
+    float w[64], x[64], y[8];
+    uint8_t q4[32];
+    coli_tensor t = 0, freed = 0;
+    int n = 0;
+    for (int i = 0; i < 64; i++) w[i] = x[i] = 0.5f;
+    memset(q4, 0x88, sizeof q4);
+    b->api.tensor_upload_f32(w, 8, 8, &freed);
+    b->api.tensor_free(freed);
+#define BAD(label, want, call)                                                   \
+    do {                                                                         \
+        cases[n].name = label;                                                   \
+        cases[n].expected = want;                                                \
+        cases[n].got = (call);                                                   \
+        snprintf(cases[n].message, sizeof cases[n].message, "%s", b->api.last_error()); \
+        n++;                                                                     \
+    } while (0)
+    BAD("matmul on a freed tensor", COLI_E_BAD_TENSOR, b->api.matmul(freed, x, 1, 8, y));
+    BAD("matmul on a foreign tensor", COLI_E_BAD_TENSOR, b->api.matmul(0x7A7A000100000000ULL, x, 1, 8, y));
+    BAD("matmul on tensor 0", COLI_E_BAD_TENSOR, b->api.matmul(0, x, 1, 8, y));
+    BAD("free twice", COLI_E_BAD_TENSOR, b->api.tensor_free(freed));
+    BAD("q4 group not dividing cols", COLI_E_SHAPE, b->api.tensor_upload_q4(q4, w, 2, 24, 16, &t));
+    BAD("negative shape", COLI_E_SHAPE, b->api.tensor_upload_f32(w, -1, 8, &t));
+    BAD("null data", COLI_E_INVALID, b->api.tensor_upload_f32(NULL, 8, 8, &t));
+    if (b->api.tensor_upload_f32(w, 8, 8, &t) == COLI_OK) {
+        BAD("mismatched in_features", COLI_E_SHAPE, b->api.matmul(t, x, 1, 4, y));
+        BAD("zero tokens", COLI_E_SHAPE, b->api.matmul(t, x, 0, 8, y));
+        b->api.tensor_free(t);
+    }
+#undef BAD
+    return n;
+}
+
+static void print_unavailable(coli_backend *b, const char *reason, int json, FILE *out) {
+    if (json) {
+        fputs("{\"backend\": ", out);
+        json_string(out, b->name);
+        fputs(", \"available\": false, \"reason\": ", out);
+        json_string(out, reason);
+        fputs(", \"passed\": false}\n", out);
+    }
+    fprintf(stderr, "[%s] %s; GPU tier disabled (CPU path remains active)\n", b->name, reason);
+}
+
+int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
+    enum { NCHECK = 3 * (int)(sizeof SHAPES / sizeof SHAPES[0]) };
+    check checks[NCHECK];
+    bad_case bad[16];
+    coli_device_info info;
+    char reason[600];
+    int passed = 1, resident_after = -1;
+    if (b->api.backend_init(device) != COLI_OK) {
+        snprintf(reason, sizeof reason, "backend init failed: %s", b->api.last_error());
+        print_unavailable(b, reason, json, out);
+        return SELFTEST_UNAVAILABLE;
+    }
+    if (b->api.device_describe(device, &info) != COLI_OK) {
+        snprintf(reason, sizeof reason, "device_describe failed: %s", b->api.last_error());
+        print_unavailable(b, reason, json, out);
+        return SELFTEST_UNAVAILABLE;
+    }
+    if (b->api.backend_set_threads) b->api.backend_set_threads(1);
+    for (int f = 0, k = 0; f < 3; f++)
+        for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++, k++) {
+            run_check(b, f, SHAPES[s], &checks[k]);
+            if (checks[k].status != COLI_OK || !(checks[k].err <= TOLERANCE)) passed = 0;
+        }
+    int nbad = run_bad_inputs(b, bad);
+    for (int i = 0; i < nbad; i++)
+        if (bad[i].got != bad[i].expected || !bad[i].message[0]) passed = 0;
+    b->api.resident_count(&resident_after);
+    if (resident_after != 0) passed = 0;
+
+    if (json) {
+        fputs("{\"backend\": ", out);
+        json_string(out, b->name);
+        fputs(", \"available\": true, \"device\": {\"name\": ", out);
+        json_string(out, info.name);
+        fputs(", \"arch\": ", out);
+        json_string(out, info.arch);
+        fprintf(out, "}, \"abi\": \"%u.%u\", \"tolerance\": %g, \"checks\": [", (unsigned)COLI_ABI_MAJOR,
+                (unsigned)COLI_ABI_MINOR, TOLERANCE);
+        for (int k = 0; k < NCHECK; k++) {
+            check *c = &checks[k];
+            fprintf(out, "%s{\"op\": \"matmul\", \"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"s\": %lld, ",
+                    k ? ", " : "", FORMAT_NAMES[c->format], (long long)c->sh.rows, (long long)c->sh.cols,
+                    (long long)c->sh.s);
+            if (isfinite(c->err)) fprintf(out, "\"max_rel_err\": %.3g, ", c->err);
+            else fputs("\"max_rel_err\": null, ", out);
+            fprintf(out, "\"status\": %d, \"message\": ", c->status);
+            json_string(out, c->message);
+            fprintf(out, ", \"ok\": %s}", c->status == COLI_OK && c->err <= TOLERANCE ? "true" : "false");
+        }
+        fputs("], \"bad_input\": [", out);
+        for (int i = 0; i < nbad; i++) {
+            fprintf(out, "%s{\"case\": ", i ? ", " : "");
+            json_string(out, bad[i].name);
+            fprintf(out, ", \"expected\": %d, \"status\": %d, \"message\": ", bad[i].expected, bad[i].got);
+            json_string(out, bad[i].message);
+            fprintf(out, ", \"ok\": %s}", bad[i].got == bad[i].expected && bad[i].message[0] ? "true" : "false");
+        }
+        fprintf(out, "], \"resident_after_free\": %d, \"passed\": %s}\n", resident_after, passed ? "true" : "false");
+    } else {
+        fprintf(out, "backend %s on %s (%s)\n", b->name, info.name, info.arch);
+        for (int k = 0; k < NCHECK; k++) {
+            check *c = &checks[k];
+            fprintf(out, "  matmul %-4s %4lldx%-4lld s=%-3lld  err %.2e  %s%s%s\n", FORMAT_NAMES[c->format],
+                    (long long)c->sh.rows, (long long)c->sh.cols, (long long)c->sh.s, c->err,
+                    c->status == COLI_OK && c->err <= TOLERANCE ? "ok" : "FAIL", c->message[0] ? ": " : "",
+                    c->message);
+        }
+        for (int i = 0; i < nbad; i++)
+            fprintf(out, "  bad input: %-28s status %d (want %d)  %s\n", bad[i].name, bad[i].got, bad[i].expected,
+                    bad[i].got == bad[i].expected && bad[i].message[0] ? "ok" : "FAIL");
+        fprintf(out, "%s\n", passed ? "selftest passed" : "selftest FAILED");
+    }
+    return passed ? SELFTEST_PASSED : SELFTEST_FAILED;
+}

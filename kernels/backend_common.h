@@ -1,0 +1,149 @@
+/* What every backend shares: the thread's last error, checked tensor handles,
+ * and the argument checks of the upload and matmul calls. Header-only so the C
+ * reference backend and the CUDA/HIP source include the same code. */
+#ifndef COLI_BACKEND_COMMON_H
+#define COLI_BACKEND_COMMON_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coli_backend.h"
+
+#ifdef __cplusplus
+#define COLI_TLS thread_local
+#else
+#define COLI_TLS _Thread_local
+#endif
+
+static COLI_TLS char coli_error_text[512];
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static coli_status coli_fail(coli_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(coli_error_text, sizeof coli_error_text, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static const char *coli_error_get(void) { return coli_error_text; }
+
+/* A weight as every backend stores it; `q` and `scale` point into the backend's memory. */
+typedef struct coli_weight {
+    int32_t format;
+    int64_t rows, cols;
+    int32_t group;
+    void *q;
+    float *scale;
+    uint64_t bytes;
+} coli_weight;
+
+/* Handles: tag (16 bits) | generation (16) | slot (32). A freed slot bumps its
+ * generation, so a stale handle fails the check instead of reaching freed memory. */
+typedef struct coli_slot {
+    uint16_t gen;
+    int live;
+    coli_weight *w;
+} coli_slot;
+
+typedef struct coli_table {
+    uint16_t tag;
+    coli_slot *slots;
+    uint32_t count, cap;
+    int32_t live;
+} coli_table;
+
+static coli_status coli_table_add(coli_table *t, coli_weight *w, coli_tensor *out) {
+    uint32_t i = 0;
+    while (i < t->count && t->slots[i].live) i++;
+    if (i == t->count) {
+        if (t->count == t->cap) {
+            uint32_t cap = t->cap ? t->cap * 2 : 64;
+            coli_slot *s = (coli_slot *)realloc(t->slots, cap * sizeof *s);
+            if (!s) return coli_fail(COLI_E_OUT_OF_MEMORY, "cannot grow the tensor table to %u slots", cap);
+            t->slots = s;
+            t->cap = cap;
+        }
+        t->slots[t->count].gen = 1;
+        t->count++;
+    }
+    t->slots[i].live = 1;
+    t->slots[i].w = w;
+    t->live++;
+    *out = ((uint64_t)t->tag << 48) | ((uint64_t)t->slots[i].gen << 32) | i;
+    return COLI_OK;
+}
+
+static coli_status coli_table_get(const coli_table *t, coli_tensor h, coli_weight **out) {
+    uint16_t tag = (uint16_t)(h >> 48), gen = (uint16_t)(h >> 32);
+    uint32_t i = (uint32_t)h;
+    if (h == 0) return coli_fail(COLI_E_BAD_TENSOR, "tensor handle is 0 (never a valid tensor)");
+    if (tag != t->tag)
+        return coli_fail(COLI_E_BAD_TENSOR, "tensor handle 0x%016llx belongs to another backend",
+                         (unsigned long long)h);
+    if (i >= t->count || !t->slots[i].live || t->slots[i].gen != gen)
+        return coli_fail(COLI_E_BAD_TENSOR, "tensor handle 0x%016llx is unknown or already freed",
+                         (unsigned long long)h);
+    *out = t->slots[i].w;
+    return COLI_OK;
+}
+
+static void coli_table_remove(coli_table *t, coli_tensor h) {
+    uint32_t i = (uint32_t)h;
+    t->slots[i].live = 0;
+    t->slots[i].w = NULL;
+    t->slots[i].gen = (uint16_t)(t->slots[i].gen + 1 ? t->slots[i].gen + 1 : 1);
+    t->live--;
+}
+
+static void coli_table_reset(coli_table *t) {
+    free(t->slots);
+    t->slots = NULL;
+    t->count = t->cap = 0;
+    t->live = 0;
+}
+
+/* Shape and pointer checks shared by every backend; fills everything but q/scale. */
+static coli_status coli_weight_check(int32_t format, const void *q, const float *scale, int64_t rows,
+                                     int64_t cols, int32_t group, coli_tensor *out, coli_weight *w) {
+    memset(w, 0, sizeof *w);
+    if (!q || !out || (format != COLI_FMT_F32 && !scale))
+        return coli_fail(COLI_E_INVALID, "upload: null pointer argument");
+    if (rows <= 0 || cols <= 0 || rows > (1LL << 31) || cols > (1LL << 31))
+        return coli_fail(COLI_E_SHAPE, "upload: shape %lld x %lld is not within 1..2^31",
+                         (long long)rows, (long long)cols);
+    if (format == COLI_FMT_Q4 && (group <= 0 || group % 2 || cols % group))
+        return coli_fail(COLI_E_SHAPE, "upload_q4: group_size %d must be even and divide cols %lld",
+                         (int)group, (long long)cols);
+    w->format = format;
+    w->rows = rows;
+    w->cols = cols;
+    w->group = format == COLI_FMT_Q4 ? group : 0;
+    return COLI_OK;
+}
+
+/* Bytes of quantised data and of scales for a checked weight. */
+static void coli_weight_sizes(const coli_weight *w, size_t *q_bytes, size_t *scale_bytes) {
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    switch (w->format) {
+    case COLI_FMT_F32: *q_bytes = n * sizeof(float); *scale_bytes = 0; break;
+    case COLI_FMT_Q8: *q_bytes = n; *scale_bytes = (size_t)w->rows * sizeof(float); break;
+    default: *q_bytes = n / 2; *scale_bytes = (size_t)w->rows * (size_t)(w->cols / w->group) * sizeof(float);
+    }
+}
+
+static coli_status coli_matmul_check(const coli_weight *w, const float *x, int64_t s, int64_t in_features,
+                                     const float *y) {
+    if (!x || !y) return coli_fail(COLI_E_INVALID, "matmul: null x or y");
+    if (s <= 0) return coli_fail(COLI_E_SHAPE, "matmul: s = %lld, must be positive", (long long)s);
+    if (in_features != w->cols)
+        return coli_fail(COLI_E_SHAPE, "matmul: x has %lld features, the weight has %lld columns",
+                         (long long)in_features, (long long)w->cols);
+    return COLI_OK;
+}
+
+#endif

@@ -1,0 +1,33 @@
+/* CPU matmul and quantisation: the one definition of every weight format.
+ * The engine's CPU path and the reference backend both use these, and the GPU
+ * kernels implement the same arithmetic, so every path dequantises alike. */
+#ifndef COLI_CPU_OPS_H
+#define COLI_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* int8: q in [-127, 127], w = q * scale[row], scale = max|w| / 127. */
+void coli_quantize_q8(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scale);
+
+/* int4: groups of `group` values along a row, two per byte, low nibble first;
+ * w = (nibble - 8) * scale[row * (cols / group) + g], scale = max|w| / 7. */
+void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *packed,
+                      float *scale);
+
+/* y[s, rows] = x[s, cols] . W^T for each format. */
+void coli_matmul_f32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y);
+void coli_matmul_q8(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
+                    int64_t s, float *y);
+void coli_matmul_q4(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
+                    const float *x, int64_t s, float *y);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,34 @@
+/* One source, two vendors: the CUDA names the backend uses, mapped to HIP when
+ * compiled for AMD. Only what backend_gpu.cu calls is here. */
+#ifndef COLI_GPU_COMPAT_H
+#define COLI_GPU_COMPAT_H
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
+#include <hip/hip_runtime.h>
+#define COLI_GPU_API "hip"
+#define COLI_GPU_TAG 0x4849 /* "HI" */
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorNoDevice hipErrorNoDevice
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaSetDevice hipSetDevice
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaMemGetInfo hipMemGetInfo
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMemcpy hipMemcpy
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaGetLastError hipGetLastError
+#define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "%.31s", (prop).gcnArchName)
+#else
+#include <cuda_runtime.h>
+#define COLI_GPU_API "cuda"
+#define COLI_GPU_TAG 0x4355 /* "CU" */
+#define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "sm_%d%d", (prop).major, (prop).minor)
+#endif
+
+#endif
