@@ -1,0 +1,194 @@
+"""Compile and link command lines, as data: pure functions of the plan, so the
+exact commands are golden-testable and run the same way in every task."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .plan import BackendSpec, Plan
+
+__all__ = [
+    "HOST_SOURCES",
+    "REF_SOURCES",
+    "GPU_SOURCES",
+    "Command",
+    "backend_command",
+    "backend_inputs",
+    "host_command",
+    "sanitized_env",
+]
+
+HOST_SOURCES = ("engine/main.c", "engine/loader.c", "engine/selftest.c", "engine/json_out.c", "kernels/cpu_ops.c")
+HOST_HEADERS = ("engine/loader.h", "engine/selftest.h", "engine/json_out.h", "kernels/cpu_ops.h")
+REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
+GPU_SOURCES = ("kernels/backend_gpu.cu",)
+BACKEND_HEADERS = ("kernels/backend_common.h", "kernels/cpu_ops.h", "kernels/gpu_compat.h")
+GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")
+
+# Variables that steer a ROCm toolchain from the outside; the HIP compile clears
+# them so only the SDK this build resolved can be used.
+ROCM_VARIABLES = (
+    "ROCM_PATH",
+    "ROCM_HOME",
+    "HIP_PATH",
+    "HIP_DEVICE_LIB_PATH",
+    "HIP_PLATFORM",
+    "HIP_COMPILER",
+    "HIP_RUNTIME",
+    "HIP_CLANG_PATH",
+    "HIP_ROCCLR_HOME",
+    "HSA_PATH",
+    "DEVICE_LIB_PATH",
+    "HIPCC_COMPILE_FLAGS_APPEND",
+    "HIPCC_LINK_FLAGS_APPEND",
+)
+
+C_WARNINGS = ("-std=c11", "-Wall", "-Wextra")
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: tuple[str, ...]
+    output: Path
+    env: Mapping[str, str] = field(default_factory=dict)  # overrides
+    unset: tuple[str, ...] = ()
+    cwd: Path | None = None
+
+
+def _prefix_maps(plan: Plan) -> list[str]:
+    """Map every build-machine path the compiler sees onto a fixed one."""
+    maps = [f"-ffile-prefix-map={plan.root}=."]
+    if not plan.build_dir.is_relative_to(plan.root):
+        maps.append(f"-ffile-prefix-map={plan.build_dir}=build")
+    return maps
+
+
+def _rel(plan: Plan, p: str) -> str:
+    return str(plan.root / p)
+
+
+def host_command(plan: Plan, output: Path) -> Command:
+    cfg = plan.rc.config
+    argv = [
+        str(plan.host_cc.path),
+        *C_WARNINGS,
+        *cfg.profile.cflags,
+        *_prefix_maps(plan),
+        f'-DCOLI_VERSION="{cfg.version}"',
+        f"-I{plan.gen_dir}",
+        f"-I{plan.root / 'kernels'}",
+        f"-I{plan.root / 'engine'}",
+        *(_rel(plan, s) for s in HOST_SOURCES),
+        "-o",
+        str(output),
+    ]
+    if plan.windows:
+        argv += ["-static", "-Wl,--no-insert-timestamp"]
+    else:
+        argv += ["-Wl,--build-id=none"]
+    argv += ["-lm"]
+    return Command(tuple(argv), output)
+
+
+def backend_inputs(plan: Plan, spec: BackendSpec) -> list[Path]:
+    sources = REF_SOURCES if spec.api == "ref" else GPU_SOURCES
+    gen = [plan.gen_dir / h for h in GEN_HEADERS] + [plan.gen_dir / "coli_backend.map", plan.gen_dir / "coli_backend.def"]
+    return [plan.root / s for s in (*sources, *BACKEND_HEADERS)] + gen
+
+
+def sanitized_env(plan: Plan, tmp: Path) -> tuple[dict[str, str], tuple[str, ...]]:
+    """HIP compile environment: HIP_PATH is the resolved SDK, other ROCm steering cleared."""
+    return (
+        {"HIP_PATH": str(plan.hip.root), "TMPDIR": str(tmp), "TMP": str(tmp), "TEMP": str(tmp)},
+        tuple(v for v in ROCM_VARIABLES if v != "HIP_PATH"),
+    )
+
+
+def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
+    cfg = plan.rc.config
+    includes = [f"-I{plan.gen_dir}", f"-I{plan.root / 'kernels'}"]
+    if spec.api == "ref":
+        argv = [
+            str(plan.host_cc.path),
+            *C_WARNINGS,
+            *cfg.profile.cflags,
+            *_prefix_maps(plan),
+            "-shared",
+            *includes,
+            *(_rel(plan, s) for s in REF_SOURCES),
+            "-o",
+            str(output),
+        ]
+        if plan.windows:
+            argv += [str(plan.gen_dir / "coli_backend.def"), "-static-libgcc", "-Wl,--no-insert-timestamp"]
+        else:
+            argv += ["-fPIC", "-fvisibility=hidden", f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}"]
+            argv += ["-Wl,--build-id=none"]
+        argv += ["-lm"]
+        return Command(tuple(argv), output)
+    if spec.api == "cuda":
+        gencode: list[str] = []
+        for i, arch in enumerate(spec.arches):
+            num = arch.removeprefix("sm_")
+            # PTX of the newest arch rides along so newer GPUs can JIT it
+            code = f"[sm_{num},compute_{num}]" if i == len(spec.arches) - 1 else f"sm_{num}"
+            gencode += ["-gencode", f"arch=compute_{num},code={code}"]
+        # nvcc records its device-link command (with -L <toolkit>) inside each
+        # cubin; run from its own bin directory as ./nvcc, the toolkit path it
+        # derives, and so records, is relative.
+        bin_dir = (plan.cuda.home / "bin").resolve()
+        local = bin_dir / "nvcc"
+        nvcc, cwd = ("./nvcc", bin_dir) if local.is_file() else (str(plan.cuda.nvcc), None)
+        argv = [
+            nvcc,
+            "-std=c++17",
+            *cfg.profile.gpu_flags,
+            "-shared",
+            "-Xcompiler",
+            ",".join(["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *_prefix_maps(plan)]),
+            "-Xlinker",
+            f"--version-script={plan.gen_dir / 'coli_backend.map'},--build-id=none",
+            *gencode,
+            *includes,
+            _rel(plan, GPU_SOURCES[0]),
+            "-o",
+            str(output),
+        ]
+        return Command(tuple(argv), output, cwd=cwd)
+    hip = plan.hip
+    tmp = plan.build_dir / "tmp" / spec.key
+    env, unset = sanitized_env(plan, tmp)
+    argv = [
+        str(hip.compiler),
+        "-x",
+        "hip",
+        "-std=c++17",
+        *cfg.profile.gpu_flags,
+        *(f"--offload-arch={a}" for a in spec.arches),
+        f"--rocm-path={hip.root}",
+        f"--rocm-device-lib-path={hip.device_lib_dir}",
+        # --rocm-path already puts <root>/include in place; only a split layout needs more
+        *(["-isystem", str(hip.include_dir)] if hip.include_dir != hip.root / "include" else []),
+        "-Wall",
+        "-Wextra",
+        *_prefix_maps(plan),
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-shared",
+        "-fuse-ld=lld",
+        *includes,
+        _rel(plan, GPU_SOURCES[0]),
+        "-o",
+        str(output),
+        f"-L{hip.lib_dir}",
+        "-lamdhip64",
+        f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}",
+        "-Wl,--build-id=none",
+    ]
+    return Command(tuple(argv), output, env, unset)
+
+
+def host_inputs(plan: Plan) -> list[Path]:
+    return [plan.root / s for s in (*HOST_SOURCES, *HOST_HEADERS)] + [plan.gen_dir / h for h in GEN_HEADERS]

@@ -1,0 +1,178 @@
+"""Layered configuration: defaults < config file < environment < doit variables.
+
+Every value remembers where it came from, so `doit config` can show it and an
+error can name the file or variable to fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ConfigError
+from .schema import Config
+
+__all__ = ["ENV_KEYS", "VAR_KEYS", "ResolvedConfig", "load_config"]
+
+# environment variable -> dotted key
+ENV_KEYS: dict[str, str] = {
+    "COLI_ARCH": "build.arch",
+    "COLI_OS": "build.os",
+    "COLI_PROFILE": "build.profile",
+    "COLI_BUILD_DIR": "build.build_dir",
+    "COLI_DIST_DIR": "build.dist_dir",
+    "HIP_SDK_ROOT": "hip.sdk_root",
+    "HIP_BIN_DIR": "hip.bin_dir",
+    "HIP_INCLUDE_DIR": "hip.include_dir",
+    "HIP_LIB_DIR": "hip.lib_dir",
+    "HIP_DEVICE_LIB_PATH": "hip.device_lib_dir",
+    "HIPCC": "hip.compiler",
+    "CUDA_PATH": "cuda.home",
+    "CUDA_HOME": "cuda.home",  # after CUDA_PATH: CUDA_HOME wins when both are set
+    "NVCC": "cuda.compiler",
+}
+
+# doit command-line variable -> dotted key (`config=` picks the file itself)
+VAR_KEYS: dict[str, str] = {
+    "arch": "build.arch",
+    "os": "build.os",
+    "profile": "build.profile",
+    "build_dir": "build.build_dir",
+    "dist_dir": "build.dist_dir",
+}
+
+_LIST_KEYS = {"build.arch"}
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    config: Config
+    origins: Mapping[str, str]  # dotted key -> "default", "file <path>", "env NAME", "var name="
+    file: Path
+
+    def origin(self, key: str) -> str:
+        return self.origins.get(key, "default")
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and key != "profiles":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+def _split_list(value: str) -> list[str]:
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _fields_at(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
+    """Field names that would be valid at `path`, for 'did you mean'."""
+    cls: Any = model
+    for part in path:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        cls = ann
+    return list(cls.model_fields)
+
+
+def _describe(err: Mapping[str, Any], origins: Mapping[str, str]) -> str:
+    loc = tuple(err["loc"])
+    # drop pydantic's internal step names (e.g. function-after validators)
+    loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
+    dotted = ".".join(str(p) for p in loc)
+    where = origins.get(dotted) or next(
+        (o for k, o in origins.items() if k.startswith(dotted + ".")),
+        origins.get(".".join(str(p) for p in loc[:-1]), "default"),
+    )
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(Config, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"; did you mean '{'.'.join(str(p) for p in loc[:-1] + (close[0],))}'?" if close else ""
+        return f"{where}: unknown key '{dotted}'{hint} (allowed here: {', '.join(allowed)})"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    got = err.get("input")
+    shown = f" (got {got!r})" if not isinstance(got, (dict, list, tuple)) and got is not None else ""
+    return f"{where}: {dotted}: {msg}{shown}"
+
+
+def load_config(
+    path: Path,
+    env: Mapping[str, str],
+    variables: Mapping[str, str],
+) -> ResolvedConfig:
+    """Read `path`, overlay the environment and doit variables, validate once.
+
+    All problems are reported together, each with its dotted key and origin.
+    """
+    problems: list[str] = []
+    origins: dict[str, str] = {}
+    flat: dict[str, Any] = {}
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    for key, value in _flatten(data).items():
+        flat[key] = value
+        origins[key] = f"file {path}"
+
+    for name, key in ENV_KEYS.items():
+        if name in env:
+            raw = env[name]
+            flat[key] = _split_list(raw) if key in _LIST_KEYS else raw
+            origins[key] = f"env {name}"
+
+    for name, raw in variables.items():
+        if name == "config":
+            continue
+        if name not in VAR_KEYS:
+            allowed = ["config", *VAR_KEYS]
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hint = f"; did you mean '{close[0]}='?" if close else ""
+            problems.append(f"unknown variable '{name}='{hint} (allowed: {', '.join(a + '=' for a in allowed)})")
+            continue
+        key = VAR_KEYS[name]
+        flat[key] = _split_list(raw) if key in _LIST_KEYS else raw
+        origins[key] = f"var {name}="
+
+    config: Config | None = None
+    try:
+        config = Config.model_validate(_unflatten(flat))
+    except ValidationError as exc:
+        problems += [_describe(e, origins) for e in exc.errors()]
+    if config is not None and config.build.profile not in config.profiles:
+        where = origins.get("build.profile", "default")
+        problems.append(
+            f"{where}: build.profile: no profile '{config.build.profile}' "
+            f"(allowed: {', '.join(sorted(config.profiles))})"
+        )
+    if problems or config is None:
+        raise ConfigError(problems)
+    return ResolvedConfig(config=config, origins=origins, file=path)

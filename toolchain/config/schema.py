@@ -1,0 +1,102 @@
+"""The configuration, one frozen pydantic model per TOML table.
+
+Each field's description is its documentation: `doit config` and the option
+reference are generated from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..arches import arch_table
+
+__all__ = ["BuildSection", "Config", "CudaSection", "HipSection", "HostSection", "ProfileSection", "WindowsSection"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _check_arches(values: tuple[str, ...]) -> tuple[str, ...]:
+    problem = arch_table().unknown(values)
+    if problem:
+        raise ValueError(problem)
+    if len(set(values)) != len(values):
+        raise ValueError(f"arch listed twice in {list(values)}")
+    return values
+
+
+class BuildSection(_Section):
+    os: Literal["linux", "windows"] = Field("linux", description="Target OS; windows cross-builds with MinGW-w64.")
+    arch: tuple[str, ...] = Field(
+        (),
+        description="Architectures to build: cpu, gfx* (HIP), sm_* (CUDA). Empty: cpu plus each API's "
+        "default_arches that the installed SDK supports.",
+    )
+    profile: str = Field("release", description="Name of a [profiles.*] table.")
+    build_dir: str = Field("build", description="Where intermediate and final artifacts go, relative to the project.")
+    dist_dir: str = Field("dist", description="Where packages go, relative to the project.")
+
+    _arches = field_validator("arch")(classmethod(lambda cls, v: _check_arches(v)))
+
+
+class HostSection(_Section):
+    cc: str | None = Field(None, description="Host C compiler; unset: gcc (linux) or x86_64-w64-mingw32-gcc.")
+
+
+class HipSection(_Section):
+    sdk_root: str | None = Field(None, description="HIP SDK root (env HIP_SDK_ROOT); unset: HIP_PATH, ROCM_PATH, /opt/rocm, /usr.")
+    bin_dir: str | None = Field(None, description="SDK bin directory (env HIP_BIN_DIR); unset: <root>/bin.")
+    include_dir: str | None = Field(None, description="Directory holding hip/hip_runtime.h (env HIP_INCLUDE_DIR).")
+    lib_dir: str | None = Field(None, description="Directory holding the HIP runtime library (env HIP_LIB_DIR).")
+    device_lib_dir: str | None = Field(
+        None, description="Directory of the amdgcn device bitcode (env HIP_DEVICE_LIB_PATH)."
+    )
+    compiler: str | None = Field(None, description="HIP-capable clang++ (env HIPCC); unset: the SDK's, then clang++-19.")
+    default_arches: tuple[str, ...] = Field(
+        ("gfx1030", "gfx90a", "gfx1100", "gfx1151"),
+        description="gfx targets of the default build; those the SDK cannot build are skipped with a note.",
+    )
+
+    _arches = field_validator("default_arches")(classmethod(lambda cls, v: _check_arches(v)))
+
+
+class CudaSection(_Section):
+    home: str | None = Field(None, description="CUDA toolkit root (env CUDA_HOME or CUDA_PATH); unset: nvcc on PATH, /usr/local/cuda.")
+    compiler: str | None = Field(None, description="nvcc to use (env NVCC); unset: <home>/bin/nvcc.")
+    default_arches: tuple[str, ...] = Field(("sm_80", "sm_90"), description="sm targets of the default build.")
+
+    _arches = field_validator("default_arches")(classmethod(lambda cls, v: _check_arches(v)))
+
+
+class WindowsSection(_Section):
+    mingw_prefix: str = Field("x86_64-w64-mingw32-", description="Prefix of the MinGW-w64 cross tools.")
+    wine: str = Field("wine", description="Wine launcher used to run Windows artifacts on Linux.")
+
+
+class ProfileSection(_Section):
+    cflags: tuple[str, ...] = Field(("-O2",), description="Flags for C compiles (host and reference backend).")
+    gpu_flags: tuple[str, ...] = Field(("-O2",), description="Flags for the CUDA/HIP compile.")
+
+
+def _default_profiles() -> dict[str, ProfileSection]:
+    return {
+        "release": ProfileSection(),
+        "debug": ProfileSection(cflags=("-O0", "-g"), gpu_flags=("-O0", "-g")),
+    }
+
+
+class Config(_Section):
+    version: str = Field("0.1.0", pattern=r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.]+)?$", description="Package version.")
+    build: BuildSection = Field(default_factory=BuildSection)  # type: ignore[arg-type]
+    host: HostSection = Field(default_factory=HostSection)  # type: ignore[arg-type]
+    hip: HipSection = Field(default_factory=HipSection)  # type: ignore[arg-type]
+    cuda: CudaSection = Field(default_factory=CudaSection)  # type: ignore[arg-type]
+    windows: WindowsSection = Field(default_factory=WindowsSection)  # type: ignore[arg-type]
+    profiles: dict[str, ProfileSection] = Field(default_factory=_default_profiles, description="Named flag sets.")
+
+    @property
+    def profile(self) -> ProfileSection:
+        return self.profiles[self.build.profile]

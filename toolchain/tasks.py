@@ -1,0 +1,408 @@
+"""The task graph: config -> toolchain -> codegen -> host, backends -> verify ->
+validate -> package. dodo.py only calls `load_plan` and `make_tasks`.
+
+Every task that writes files declares file_dep and targets, and its uptodate
+carries exactly the command line and toolchain fingerprint it depends on, so a
+changed SDK rebuilds and an unchanged one does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from .abi import RENDERINGS, load_abi, render_abi
+from .build import run_command
+from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
+from .config import ResolvedConfig, load_config
+from .discover import Missing, discover
+from .errors import ColiError, ValidateError, VerifyError
+from .plan import BackendSpec, Plan, make_plan
+from .probe import Prober
+from .report import ColiReporter
+from .revision import source_revision
+from .validate import Validation, run_selftest
+from .verify import Report, format_table, verify_elf
+
+__all__ = ["doit_config", "load_plan", "make_tasks"]
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+
+
+def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) -> Plan:
+    """Config (file < env < variables), toolchain discovery, and the build plan."""
+    config_file = Path(variables.get("config") or env.get("COLI_CONFIG") or root / "configs/default.toml")
+    rc: ResolvedConfig = load_config(config_file, env, variables)
+    prober = Prober((root / rc.config.build.build_dir / ".cache" / "probes.json").absolute())
+    return make_plan(rc, discover(rc, env, prober), root)
+
+
+def doit_config(plan: Plan) -> dict[str, Any]:
+    return {
+        "default_tasks": ["build"],
+        "dep_file": str(plan.build_dir / ".doit.db"),
+        "backend": "sqlite3",
+        "reporter": ColiReporter,
+        "par_type": "thread",  # actions wait on compilers; threads share the plan safely
+    }
+
+
+def _task(
+    *,
+    name: str | None = None,
+    doc: str | None = None,
+    actions: list[Any] | None = None,
+    file_dep: list[Path] | None = None,
+    targets: list[Path] | None = None,
+    task_dep: list[str] | None = None,
+    uptodate: list[Any] | None = None,
+    verbosity: int | None = None,
+) -> dict[str, Any]:
+    """A doit task dict; keyword-only so a misspelt key fails when dodo.py loads."""
+    d: dict[str, Any] = {"actions": actions or []}
+    if name is not None:
+        d["name"] = name
+    if doc is not None:
+        d["doc"] = doc
+    for key, value in (("file_dep", file_dep), ("targets", targets)):
+        if value is not None:
+            d[key] = [str(p) for p in value]
+    if task_dep is not None:
+        d["task_dep"] = task_dep
+    if uptodate is not None:
+        d["uptodate"] = uptodate
+    if verbosity is not None:
+        d["verbosity"] = verbosity
+    return d
+
+
+def _guard(fn: Callable[..., None], *args: Any) -> Callable[[], TaskFailed | None]:
+    """Turn a ColiError into a one-line doit failure instead of a traceback."""
+
+    def action() -> TaskFailed | None:
+        try:
+            fn(*args)
+        except ColiError as exc:
+            return TaskFailed(exc.one_line())
+        return None
+
+    action.__name__ = getattr(fn, "__name__", "action")
+    return action
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)
+
+
+def _command_state(cmd: Command, fingerprint: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "argv": list(cmd.argv),
+        "env": dict(cmd.env),
+        "unset": list(cmd.unset),
+        "cwd": str(cmd.cwd),
+        "toolchain": dict(fingerprint),
+    }
+
+
+class _Graph:
+    """Task generators bound to one plan."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.root = plan.root
+        self.abi_file = self.root / "kernels" / "abi.toml"
+        self.revision = source_revision(self.root, os.environ)
+
+    # ---- paths -----------------------------------------------------------
+    def verify_json(self, name: str) -> Path:
+        return self.plan.build_dir / self.plan.platform / "reports" / f"verify-{name}.json"
+
+    def validate_json(self, spec: BackendSpec) -> Path:
+        return self.plan.build_dir / self.plan.platform / "reports" / f"validate-{spec.key}.json"
+
+    def package_path(self, spec: BackendSpec) -> Path:
+        ext = ".zip" if spec.windows else ".tar.gz"
+        return self.plan.dist_dir / f"{self.package_name(spec)}{ext}"
+
+    def package_name(self, spec: BackendSpec) -> str:
+        return f"coli-{self.plan.rc.config.version}-{spec.platform}-{spec.api}-{spec.archkey}"
+
+    def fingerprint(self, api: str) -> dict[str, str]:
+        tc = self.plan.toolchains
+        if api in ("host", "ref"):
+            return self.plan.host_cc.fingerprint()
+        chain = tc.hip if api == "hip" else tc.cuda
+        assert not isinstance(chain, Missing)
+        return chain.fingerprint()
+
+    def forbidden_paths(self) -> list[str]:
+        paths = [str(self.root), str(self.plan.build_dir)]
+        tc = self.plan.toolchains
+        for sdk_root in (getattr(tc.hip, "root", None), getattr(tc.cuda, "home", None)):
+            if sdk_root is not None and str(sdk_root) not in ("/", "/usr", "/usr/local"):
+                paths.append(str(sdk_root))
+        return paths
+
+    # ---- tasks -----------------------------------------------------------
+    def task_toolchain(self) -> dict[str, Any]:
+        """Print every toolchain component: path, version, where the setting came from, what is missing."""
+        return _task(actions=[self._print_toolchain], verbosity=2, uptodate=[False])
+
+    def _print_toolchain(self) -> None:
+        rows = [("component", "path", "version", "from")]
+        missing, arches = [], []
+        for c in self.plan.toolchains.components():
+            if c.name.endswith("arches"):
+                arches.append(f"  {c.name}: {c.version}")
+            elif c.missing:
+                missing.append(f"  {c.name}: {c.missing}")
+            else:
+                rows.append((c.name, c.path, c.version, c.source))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for r in rows:
+            print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+        print("buildable arches:")
+        print("\n".join(arches) or "  none")
+        if missing:
+            print("missing:")
+            print("\n".join(missing))
+        print(f"plan ({self.plan.platform}): host, " + ", ".join(s.key for s in self.plan.backends))
+        for note in self.plan.notes:
+            print(f"  {note}")
+
+    def task_config(self) -> dict[str, Any]:
+        """Print the resolved configuration and where each value came from."""
+        return _task(actions=[self._print_config], verbosity=2, uptodate=[False])
+
+    def _print_config(self) -> None:
+        rc = self.plan.rc
+        data = rc.config.model_dump(mode="json")
+        print(f"# config file: {rc.file}")
+
+        def walk(node: Any, prefix: str) -> None:
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if isinstance(v, dict) and k != "profiles" or (prefix == "profiles." and isinstance(v, dict)):
+                    walk(v, key + ".")
+                else:
+                    print(f"{key} = {json.dumps(v)}    # {rc.origin(key)}")
+
+        walk(data, "")
+
+    def task_codegen(self) -> dict[str, Any]:
+        """Render the ABI (kernels/abi.toml) into the C header, loader table, .def and version script."""
+        templates = sorted(TEMPLATE_DIR.glob("abi/*.j2"))
+        targets = [self.plan.gen_dir / name for name in RENDERINGS]
+        return _task(
+            actions=[_guard(self._codegen)],
+            file_dep=[self.abi_file, *templates, Path(__file__).parent / "abi.py"],
+            targets=targets,
+        )
+
+    def _codegen(self) -> None:
+        for name, text in render_abi(load_abi(self.abi_file)).items():
+            target = self.plan.gen_dir / name
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                _write_atomic(target, text)
+
+    def task_host(self) -> dict[str, Any]:
+        """Compile the host executable (engine + loader)."""
+        cmd = host_command(self.plan, self.plan.host_exe)
+        return _task(
+            actions=[_guard(run_command, cmd, "host")],
+            file_dep=host_inputs(self.plan),
+            targets=[self.plan.host_exe],
+            uptodate=[config_changed(_command_state(cmd, self.fingerprint("host")))],
+        )
+
+    def task_backend(self) -> Iterator[dict[str, Any]]:
+        """Compile each backend library (one per API and arch group)."""
+        for spec in self.plan.backends:
+            lib = self.plan.backend_lib(spec)
+            cmd = backend_command(self.plan, spec, lib)
+            yield _task(
+                name=spec.key,
+                doc=f"{spec.lib_name} for {', '.join(spec.arches)}",
+                actions=[_guard(run_command, cmd, f"backend {spec.key}")],
+                file_dep=backend_inputs(self.plan, spec),
+                targets=[lib],
+                uptodate=[config_changed(_command_state(cmd, self.fingerprint(spec.api)))],
+            )
+
+    def task_verify(self) -> Iterator[dict[str, Any]]:
+        """Inspect every artifact: format, exports = ABI, imports in allowlist, no build paths, device code."""
+        yield _task(
+            name="host",
+            actions=[_guard(self._verify, self.plan.host_exe, "host", (), self.verify_json("host"))],
+            file_dep=[self.plan.host_exe, self.abi_file],
+            targets=[self.verify_json("host")],
+            uptodate=[config_changed({"forbidden": self.forbidden_paths()})],
+            verbosity=2,
+        )
+        for spec in self.plan.backends:
+            out = self.verify_json(spec.key)
+            lib = self.plan.backend_lib(spec)
+            yield _task(
+                name=spec.key,
+                actions=[_guard(self._verify, lib, spec.api, spec.arches, out)],
+                file_dep=[lib, self.abi_file],
+                targets=[out],
+                uptodate=[config_changed({"arches": list(spec.arches), "forbidden": self.forbidden_paths()})],
+                verbosity=2,
+            )
+
+    def _verify(self, artifact: Path, kind: str, arches: tuple[str, ...], out: Path) -> None:
+        if self.plan.windows:
+            from .verify_pe import verify_pe
+
+            report: Report = verify_pe(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
+        else:
+            report = verify_elf(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
+        _write_atomic(out, report.to_json())
+        print(format_table([report]))
+        if not report.ok:
+            raise VerifyError(f"{artifact.name}: " + "; ".join(report.failures()))
+
+    def launcher(self) -> list[str]:
+        if not self.plan.windows:
+            return []
+        wine = self.plan.toolchains.wine
+        if isinstance(wine, Missing):
+            return []
+        return [str(wine.path)]
+
+    def task_validate(self) -> Iterator[dict[str, Any]]:
+        """Run the host against each backend: every op checked against the CPU path (not run without a device)."""
+        for spec in self.plan.backends:
+            out = self.validate_json(spec)
+            lib = self.plan.backend_lib(spec)
+            yield _task(
+                name=spec.key,
+                actions=[_guard(self._validate, spec, out)],
+                file_dep=[self.plan.host_exe, lib, self.verify_json("host"), self.verify_json(spec.key)],
+                targets=[out],
+                uptodate=[config_changed({"launcher": self.launcher()})],
+                verbosity=2,
+            )
+
+    def _validate(self, spec: BackendSpec, out: Path) -> None:
+        lib = self.plan.backend_lib(spec)
+        if self.plan.windows and not self.launcher():
+            wine = self.plan.toolchains.wine
+            result = Validation(spec.key, "not-run", f"no Wine to run Windows binaries: {wine}", {})
+        else:
+            if self.plan.windows:
+                os.environ.setdefault("WINEDEBUG", "-all")
+            target = lib if not self.plan.windows else Path("Z:" + str(lib.absolute()).replace("/", "\\"))
+            result = _run_selftest_path(self.launcher(), self.plan.host_exe, target, spec.key)
+        _write_atomic(out, result.to_json())
+        print(f"validate {result.summary()}")
+        if result.status == "failed":
+            raise ValidateError(f"{spec.key}: {result.reason}")
+
+    def task_package(self) -> Iterator[dict[str, Any]]:
+        """Package each backend with the host, build-info.json and SHA256SUMS into dist/."""
+        for spec in self.plan.backends:
+            dest = self.package_path(spec)
+            deps = [
+                self.plan.host_exe,
+                self.plan.backend_lib(spec),
+                self.verify_json("host"),
+                self.verify_json(spec.key),
+                self.validate_json(spec),
+            ]
+            state = {
+                "name": self.package_name(spec),
+                "revision": self.revision.label,
+                "epoch": self.revision.epoch,
+                "fingerprint": self.fingerprint(spec.api),
+            }
+            yield _task(
+                name=spec.key,
+                actions=[_guard(self._package, spec, dest)],
+                file_dep=deps,
+                targets=[dest],
+                uptodate=[config_changed(state)],
+            )
+
+    def _package(self, spec: BackendSpec, dest: Path) -> None:
+        from .package import sha256sums, write_package
+
+        host, lib = self.plan.host_exe, self.plan.backend_lib(spec)
+        reports = {
+            "host": json.loads(self.verify_json("host").read_text(encoding="utf-8")),
+            spec.lib_name: json.loads(self.verify_json(spec.key).read_text(encoding="utf-8")),
+        }
+        abi = load_abi(self.abi_file)
+        info = {
+            "schema": 1,
+            "name": self.package_name(spec),
+            "version": self.plan.rc.config.version,
+            "platform": spec.platform,
+            "api": spec.api,
+            "arches": list(spec.arches),
+            "abi": f"{abi.major}.{abi.minor}",
+            "source_revision": self.revision.label,
+            "source_date_epoch": self.revision.epoch,
+            "toolchain": {"host": self.fingerprint("host"), spec.api: self.fingerprint(spec.api)},
+            "verify": {name: {"ok": r["ok"], "checks": r["checks"]} for name, r in reports.items()},
+            "validate": json.loads(self.validate_json(spec).read_text(encoding="utf-8")),
+        }
+        files = {
+            host.name: host.read_bytes(),
+            lib.name: lib.read_bytes(),
+            "build-info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
+        }
+        files["SHA256SUMS"] = sha256sums(files)
+        write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
+        print(f"package {dest.name}")
+
+    def task_build(self) -> dict[str, Any]:
+        """Build, verify, validate and package everything the config asks for (the default task)."""
+        return _task(task_dep=[f"package:{s.key}" for s in self.plan.backends] + ["verify:host"])
+
+    def task_clean_build(self) -> dict[str, Any]:
+        """Remove the build and dist directories."""
+        return _task(actions=[self._clean], uptodate=[False])
+
+    def _clean(self) -> None:
+        for d in (self.plan.build_dir, self.plan.dist_dir):
+            if d.is_dir() and d != self.root:
+                shutil.rmtree(d)
+
+
+def _run_selftest_path(launcher: list[str], host: Path, lib: Path, label: str) -> Validation:
+    return run_selftest(launcher, host, lib, label)
+
+
+def make_tasks(plan: Plan) -> dict[str, Callable[[], Any]]:
+    """The task_* functions for dodo.py's namespace, in graph order."""
+    graph = _Graph(plan)
+    names = ["toolchain", "config", "codegen", "host", "backend", "verify", "validate", "package", "build"]
+    tasks: dict[str, Callable[[], Any]] = {}
+    for n in names:
+        fn = getattr(graph, f"task_{n}")
+
+        def make(fn: Callable[[], Any] = fn) -> Callable[[], Any]:
+            def task() -> Any:
+                return fn()
+
+            task.__doc__ = fn.__doc__
+            return task
+
+        tasks[f"task_{n}"] = make()
+    if plan.notes:
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return tasks

@@ -1,0 +1,157 @@
+"""Proving what was built: every artifact against the ABI, its allowlist, the
+build machine's paths, and the requested arches. One report per artifact."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import tomllib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from .inspect import cuda_fatbin_arches, parse_offload_bundle, read_elf
+
+__all__ = ["REPORT_VERSION", "Check", "Report", "allowlist", "format_table", "verify_elf"]
+
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Report:
+    artifact: str
+    kind: str  # host, ref, cuda, hip
+    format: str  # ELF, PE
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_json(self) -> str:
+        data = {"version": REPORT_VERSION, **asdict(self), "ok": self.ok}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def failures(self) -> list[str]:
+        return [f"{c.name}: {c.detail}" for c in self.checks if not c.ok]
+
+
+@cache
+def _allowlists() -> dict[str, dict[str, dict[str, list[str]]]]:
+    text = resources.files("toolchain.data").joinpath("allowlists.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def allowlist(fmt: str, kind: str) -> tuple[str, ...]:
+    section = _allowlists()[fmt.lower()][kind]
+    return tuple(section["needed" if fmt == "ELF" else "imports"])
+
+
+def _outside(names: Iterable[str], patterns: tuple[str, ...], fold: bool) -> list[str]:
+    def norm(s: str) -> str:
+        return s.lower() if fold else s
+
+    return sorted(n for n in names if not any(fnmatch.fnmatchcase(norm(n), norm(p)) for p in patterns))
+
+
+def _leaks(path: Path, forbidden: Iterable[str]) -> list[str]:
+    data = path.read_bytes()
+    found = []
+    for text in sorted(set(forbidden)):
+        for enc in ("utf-8", "utf-16-le"):
+            if text and text.encode(enc) in data:
+                found.append(text)
+                break
+    return found
+
+
+def _exports_check(exports: Iterable[str], expected: tuple[str, ...]) -> Check:
+    have, want = set(exports), set(expected)
+    extra, missing = sorted(have - want), sorted(want - have)
+    if not extra and not missing:
+        return Check("exports", True, f"exactly the {len(want)} ABI functions")
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(missing)}")
+    if extra:
+        parts.append(f"unexpected {', '.join(extra[:10])}{' ...' if len(extra) > 10 else ''}")
+    return Check("exports", False, "; ".join(parts))
+
+
+def _device_check(kind: str, sections: dict[str, bytes], arches: tuple[str, ...]) -> Check:
+    if kind == "hip":
+        data = sections.get(".hip_fatbin")
+        if data is None:
+            return Check("device code", False, "no .hip_fatbin section")
+        try:
+            bundles = parse_offload_bundle(data)
+        except ValueError as exc:
+            return Check("device code", False, f".hip_fatbin: {exc}")
+        if any(b.compressed for b in bundles):
+            return Check("device code", False, ".hip_fatbin holds a compressed bundle this verifier cannot list")
+        targets = {t for b in bundles for t in b.gfx_targets}
+        missing = sorted(set(arches) - targets)
+        detail = f".hip_fatbin lists {', '.join(sorted(targets)) or 'nothing'}"
+        return Check("device code", not missing, detail + (f"; missing {', '.join(missing)}" if missing else ""))
+    data = sections.get(".nv_fatbin")
+    if data is None:
+        return Check("device code", False, "no .nv_fatbin section")
+    try:
+        found = cuda_fatbin_arches(data)
+    except ValueError as exc:
+        return Check("device code", False, f".nv_fatbin: {exc}")
+    missing = sorted(a for a in arches if "sass" not in found.get(a, set()))
+    detail = ", ".join(f"{a} ({'+'.join(sorted(k))})" for a, k in sorted(found.items())) or "nothing"
+    return Check("device code", not missing, f".nv_fatbin holds {detail}" + (f"; no SASS for {', '.join(missing)}" if missing else ""))
+
+
+def verify_elf(
+    path: Path, kind: str, abi_exports: tuple[str, ...], arches: tuple[str, ...], forbidden_paths: Iterable[str]
+) -> Report:
+    """kind: host, ref, cuda or hip. Backends must export exactly the ABI."""
+    try:
+        info = read_elf(path)
+    except (OSError, ValueError) as exc:
+        return Report(str(path), kind, "ELF", (Check("format", False, str(exc)),))
+    checks = [
+        Check(
+            "format",
+            info.machine == "EM_X86_64" and info.elf_class == 64,
+            f"ELF{info.elf_class} {info.machine} {info.elf_type}",
+        )
+    ]
+    if kind != "host":
+        checks.append(_exports_check(info.exports, abi_exports))
+    bad = _outside(info.needed, allowlist("ELF", kind), fold=False)
+    checks.append(
+        Check(
+            "imports",
+            not bad,
+            f"outside the allowlist: {', '.join(bad)}" if bad else f"DT_NEEDED {', '.join(info.needed) or 'none'}",
+        )
+    )
+    leaks = _leaks(path, forbidden_paths)
+    checks.append(Check("paths", not leaks, f"embeds {', '.join(leaks)}" if leaks else "no build-machine path"))
+    if kind in ("hip", "cuda"):
+        checks.append(_device_check(kind, info.sections, arches))
+    return Report(str(path), kind, "ELF", tuple(checks))
+
+
+def format_table(reports: Iterable[Report]) -> str:
+    rows = [("artifact", "check", "result", "detail")]
+    for r in reports:
+        for c in r.checks:
+            rows.append((Path(r.artifact).name, c.name, "ok" if c.ok else "FAIL", c.detail))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows]
+    lines.insert(1, "-" * min(100, sum(widths) + 6 + max(len(row[3]) for row in rows)))
+    return "\n".join(lines)
