@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     if (coli_backend_open(backend, &b, err, sizeof err) != 0) {
         if (json) printf("{\"backend\": null, \"available\": false, \"passed\": false}\n");
         fprintf(stderr, "[backend] %s; GPU tier disabled (CPU path remains active)\n", err);
-        return SELFTEST_UNAVAILABLE;
+        return SELFTEST_LOAD_FAILED;
     }
     int rc = coli_selftest(&b, device, json, stdout);
     coli_backend_close(&b);

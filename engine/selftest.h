@@ -7,8 +7,9 @@
 
 #include "loader.h"
 
-/* Exit codes of `coli --selftest`. */
-enum { SELFTEST_PASSED = 0, SELFTEST_FAILED = 1, SELFTEST_UNAVAILABLE = 3 };
+/* Exit codes of `coli --selftest`: 3 means the backend loaded but its device
+ * cannot start (no GPU here); 4 means the backend itself could not be loaded. */
+enum { SELFTEST_PASSED = 0, SELFTEST_FAILED = 1, SELFTEST_UNAVAILABLE = 3, SELFTEST_LOAD_FAILED = 4 };
 
 int coli_selftest(coli_backend *b, int device, int json, FILE *out);
 

@@ -19,7 +19,9 @@
 
 static COLI_TLS char coli_error_text[512];
 
-#if defined(__GNUC__)
+#if defined(__MINGW32__)
+__attribute__((format(gnu_printf, 2, 3))) /* MinGW with __USE_MINGW_ANSI_STDIO */
+#elif defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
 static coli_status coli_fail(coli_status status, const char *fmt, ...) {

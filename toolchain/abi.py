@@ -171,8 +171,7 @@ def load_abi(path: Path) -> Abi:
             name=str(s["name"]),
             doc=str(s.get("doc", "")),
             fields=tuple(
-                Field(str(fl["name"]), str(fl["type"]), str(fl.get("doc", "")), fl.get("array"))
-                for fl in s["fields"]
+                Field(str(fl["name"]), str(fl["type"]), str(fl.get("doc", "")), fl.get("array")) for fl in s["fields"]
             ),
         )
         for s in raw.get("struct", [])
@@ -204,6 +203,5 @@ def render_abi(abi: Abi, dll_name: str = "coli_backend") -> dict[str, str]:
     env = _environment()
     width = max(len(f.returns) for f in abi.functions)
     return {
-        name: env.get_template(tpl).render(abi=abi, width=width, dll_name=dll_name)
-        for name, tpl in RENDERINGS.items()
+        name: env.get_template(tpl).render(abi=abi, width=width, dll_name=dll_name) for name, tpl in RENDERINGS.items()
     }

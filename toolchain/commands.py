@@ -46,6 +46,8 @@ ROCM_VARIABLES = (
 )
 
 C_WARNINGS = ("-std=c11", "-Wall", "-Wextra")
+# MinGW's default printf is msvcrt's, which lacks %zu and %lld; use its C99 one.
+MINGW_DEFINES = ("-D__USE_MINGW_ANSI_STDIO=1",)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ def host_command(plan: Plan, output: Path) -> Command:
         *C_WARNINGS,
         *cfg.profile.cflags,
         *_prefix_maps(plan),
+        *(MINGW_DEFINES if plan.windows else ()),
         f'-DCOLI_VERSION="{cfg.version}"',
         f"-I{plan.gen_dir}",
         f"-I{plan.root / 'kernels'}",
@@ -94,7 +97,10 @@ def host_command(plan: Plan, output: Path) -> Command:
 
 def backend_inputs(plan: Plan, spec: BackendSpec) -> list[Path]:
     sources = REF_SOURCES if spec.api == "ref" else GPU_SOURCES
-    gen = [plan.gen_dir / h for h in GEN_HEADERS] + [plan.gen_dir / "coli_backend.map", plan.gen_dir / "coli_backend.def"]
+    gen = [plan.gen_dir / h for h in GEN_HEADERS] + [
+        plan.gen_dir / "coli_backend.map",
+        plan.gen_dir / "coli_backend.def",
+    ]
     return [plan.root / s for s in (*sources, *BACKEND_HEADERS)] + gen
 
 
@@ -115,6 +121,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
             *C_WARNINGS,
             *cfg.profile.cflags,
             *_prefix_maps(plan),
+            *(MINGW_DEFINES if plan.windows else ()),
             "-shared",
             *includes,
             *(_rel(plan, s) for s in REF_SOURCES),

@@ -173,14 +173,21 @@ def _first_line(text: str | None) -> str:
 
 
 def _find_tool(
-    name: str, configured: str | None, configured_from: str, default: str, prober: Prober, version_args: tuple[str, ...],
+    name: str,
+    configured: str | None,
+    configured_from: str,
+    default: str,
+    prober: Prober,
+    version_args: tuple[str, ...],
     hint: str,
 ) -> Tool | Missing:
     wanted = configured or default
     path = Path(wanted) if "/" in wanted else which(wanted)
     source = configured_from if configured else "PATH"
     if path is None or not path.is_file():
-        return Missing(name, f"'{wanted}' not found" + (f" (set by {configured_from})" if configured else " on PATH"), hint)
+        return Missing(
+            name, f"'{wanted}' not found" + (f" (set by {configured_from})" if configured else " on PATH"), hint
+        )
     out = prober.run(path, *version_args)
     if out is None:
         return Missing(name, f"{path} does not run", hint)
@@ -308,9 +315,7 @@ def _find_hip(rc: ResolvedConfig, env: Mapping[str, str], prober: Prober) -> Hip
 
 def discover(rc: ResolvedConfig, env: Mapping[str, str], prober: Prober) -> Toolchains:
     cfg = rc.config
-    host = _find_tool(
-        "host cc", cfg.host.cc, rc.origin("host.cc"), "gcc", prober, ("--version",), install_hint("host")
-    )
+    host = _find_tool("host cc", cfg.host.cc, rc.origin("host.cc"), "gcc", prober, ("--version",), install_hint("host"))
     mingw = _find_tool(
         "mingw cc", None, "", f"{cfg.windows.mingw_prefix}gcc", prober, ("--version",), install_hint("mingw")
     )

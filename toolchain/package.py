@@ -9,6 +9,7 @@ import io
 import os
 import stat
 import tarfile
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,16 +35,14 @@ def write_package(dest: Path, top: str, files: Mapping[str, bytes], executable: 
         if dest.name.endswith(".zip"):
             # zip timestamps start at 1980
             when = max(epoch, 315532800)
-            import time
-
             t = time.gmtime(when)[:6]
             with zipfile.ZipFile(part, "w", compression=zipfile.ZIP_DEFLATED) as zf:
                 for name in names:
-                    info = zipfile.ZipInfo(f"{top}/{name}", date_time=t)
-                    info.external_attr = (stat.S_IFREG | _mode(name, executable)) << 16
-                    info.create_system = 3
-                    info.compress_type = zipfile.ZIP_DEFLATED
-                    zf.writestr(info, files[name])
+                    zinfo = zipfile.ZipInfo(f"{top}/{name}", date_time=t)
+                    zinfo.external_attr = (stat.S_IFREG | _mode(name, executable)) << 16
+                    zinfo.create_system = 3
+                    zinfo.compress_type = zipfile.ZIP_DEFLATED
+                    zf.writestr(zinfo, files[name])
         else:
             raw = io.BytesIO()
             with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tf:

@@ -30,6 +30,11 @@ class BackendSpec:
         return f"{self.api}-{self.archkey}"
 
     @property
+    def task(self) -> str:
+        """Subtask name: platform and key, so Linux and Windows builds keep separate state."""
+        return f"{self.platform}-{self.key}"
+
+    @property
     def windows(self) -> bool:
         return self.platform.startswith("windows")
 

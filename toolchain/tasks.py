@@ -30,7 +30,7 @@ from .probe import Prober
 from .report import ColiReporter
 from .revision import source_revision
 from .validate import Validation, run_selftest
-from .verify import Report, format_table, verify_elf
+from .verify import format_table, verify_artifact
 
 __all__ = ["doit_config", "load_plan", "make_tasks"]
 
@@ -193,7 +193,7 @@ class _Graph:
         def walk(node: Any, prefix: str) -> None:
             for k, v in node.items():
                 key = f"{prefix}{k}"
-                if isinstance(v, dict) and k != "profiles" or (prefix == "profiles." and isinstance(v, dict)):
+                if isinstance(v, dict):
                     walk(v, key + ".")
                 else:
                     print(f"{key} = {json.dumps(v)}    # {rc.origin(key)}")
@@ -216,10 +216,11 @@ class _Graph:
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
                 _write_atomic(target, text)
 
-    def task_host(self) -> dict[str, Any]:
+    def task_host(self) -> Iterator[dict[str, Any]]:
         """Compile the host executable (engine + loader)."""
         cmd = host_command(self.plan, self.plan.host_exe)
-        return _task(
+        yield _task(
+            name=self.plan.platform,
             actions=[_guard(run_command, cmd, "host")],
             file_dep=host_inputs(self.plan),
             targets=[self.plan.host_exe],
@@ -232,7 +233,7 @@ class _Graph:
             lib = self.plan.backend_lib(spec)
             cmd = backend_command(self.plan, spec, lib)
             yield _task(
-                name=spec.key,
+                name=spec.task,
                 doc=f"{spec.lib_name} for {', '.join(spec.arches)}",
                 actions=[_guard(run_command, cmd, f"backend {spec.key}")],
                 file_dep=backend_inputs(self.plan, spec),
@@ -243,7 +244,7 @@ class _Graph:
     def task_verify(self) -> Iterator[dict[str, Any]]:
         """Inspect every artifact: format, exports = ABI, imports in allowlist, no build paths, device code."""
         yield _task(
-            name="host",
+            name=f"{self.plan.platform}-host",
             actions=[_guard(self._verify, self.plan.host_exe, "host", (), self.verify_json("host"))],
             file_dep=[self.plan.host_exe, self.abi_file],
             targets=[self.verify_json("host")],
@@ -254,7 +255,7 @@ class _Graph:
             out = self.verify_json(spec.key)
             lib = self.plan.backend_lib(spec)
             yield _task(
-                name=spec.key,
+                name=spec.task,
                 actions=[_guard(self._verify, lib, spec.api, spec.arches, out)],
                 file_dep=[lib, self.abi_file],
                 targets=[out],
@@ -263,12 +264,7 @@ class _Graph:
             )
 
     def _verify(self, artifact: Path, kind: str, arches: tuple[str, ...], out: Path) -> None:
-        if self.plan.windows:
-            from .verify_pe import verify_pe
-
-            report: Report = verify_pe(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
-        else:
-            report = verify_elf(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
+        report = verify_artifact(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
         _write_atomic(out, report.to_json())
         print(format_table([report]))
         if not report.ok:
@@ -288,7 +284,7 @@ class _Graph:
             out = self.validate_json(spec)
             lib = self.plan.backend_lib(spec)
             yield _task(
-                name=spec.key,
+                name=spec.task,
                 actions=[_guard(self._validate, spec, out)],
                 file_dep=[self.plan.host_exe, lib, self.verify_json("host"), self.verify_json(spec.key)],
                 targets=[out],
@@ -304,8 +300,9 @@ class _Graph:
         else:
             if self.plan.windows:
                 os.environ.setdefault("WINEDEBUG", "-all")
-            target = lib if not self.plan.windows else Path("Z:" + str(lib.absolute()).replace("/", "\\"))
-            result = _run_selftest_path(self.launcher(), self.plan.host_exe, target, spec.key)
+            # Wine maps the Unix root to drive Z:
+            target = "Z:" + str(lib).replace("/", "\\") if self.plan.windows else str(lib)
+            result = run_selftest(self.launcher(), self.plan.host_exe, target, spec.key)
         _write_atomic(out, result.to_json())
         print(f"validate {result.summary()}")
         if result.status == "failed":
@@ -329,7 +326,7 @@ class _Graph:
                 "fingerprint": self.fingerprint(spec.api),
             }
             yield _task(
-                name=spec.key,
+                name=spec.task,
                 actions=[_guard(self._package, spec, dest)],
                 file_dep=deps,
                 targets=[dest],
@@ -370,7 +367,7 @@ class _Graph:
 
     def task_build(self) -> dict[str, Any]:
         """Build, verify, validate and package everything the config asks for (the default task)."""
-        return _task(task_dep=[f"package:{s.key}" for s in self.plan.backends] + ["verify:host"])
+        return _task(task_dep=[f"package:{s.task}" for s in self.plan.backends] + [f"verify:{self.plan.platform}-host"])
 
     def task_clean_build(self) -> dict[str, Any]:
         """Remove the build and dist directories."""
@@ -380,10 +377,6 @@ class _Graph:
         for d in (self.plan.build_dir, self.plan.dist_dir):
             if d.is_dir() and d != self.root:
                 shutil.rmtree(d)
-
-
-def _run_selftest_path(launcher: list[str], host: Path, lib: Path, label: str) -> Validation:
-    return run_selftest(launcher, host, lib, label)
 
 
 def make_tasks(plan: Plan) -> dict[str, Callable[[], Any]]:

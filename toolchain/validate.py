@@ -32,9 +32,9 @@ class Validation:
         return f"{self.backend}: {self.status}" + (f" ({self.reason})" if self.reason else "")
 
 
-def run_selftest(launcher: Sequence[str], host: Path, lib: Path, label: str, timeout: float = 600) -> Validation:
-    """`launcher` prefixes the host (e.g. wine); the backend path is absolute."""
-    argv = [*launcher, str(host), "--backend", str(lib.absolute()), "--selftest", "--json"]
+def run_selftest(launcher: Sequence[str], host: Path, lib: str, label: str, timeout: float = 600) -> Validation:
+    """`launcher` prefixes the host (e.g. wine); `lib` is absolute as the host sees it."""
+    argv = [*launcher, str(host), "--backend", lib, "--selftest", "--json"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -48,8 +48,8 @@ def run_selftest(launcher: Sequence[str], host: Path, lib: Path, label: str, tim
         return Validation(label, "not-run", reason or "backend unavailable", detail)
     if proc.returncode == 0 and detail.get("passed") is True:
         return Validation(label, "passed", "", detail)
-    bad = [c for c in detail.get("checks", []) if not c.get("ok")]  # type: ignore[union-attr]
-    bad += [c for c in detail.get("bad_input", []) if not c.get("ok")]  # type: ignore[union-attr]
+    bad = [c for c in detail.get("checks", []) if not c.get("ok")]
+    bad += [c for c in detail.get("bad_input", []) if not c.get("ok")]
     what = "; ".join(
         f"{c.get('format', c.get('case'))} {c.get('rows', '')}x{c.get('cols', '')} err={c.get('max_rel_err')} "
         f"{c.get('message', '')}".strip()

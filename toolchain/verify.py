@@ -12,9 +12,9 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from .inspect import cuda_fatbin_arches, parse_offload_bundle, read_elf
+from .inspect import HIP_PE_SECTION, cuda_fatbin_arches, parse_offload_bundle, read_binary
 
-__all__ = ["REPORT_VERSION", "Check", "Report", "allowlist", "format_table", "verify_elf"]
+__all__ = ["REPORT_VERSION", "Check", "Report", "allowlist", "format_table", "verify_artifact"]
 
 REPORT_VERSION = 1
 
@@ -89,18 +89,19 @@ def _exports_check(exports: Iterable[str], expected: tuple[str, ...]) -> Check:
 
 def _device_check(kind: str, sections: dict[str, bytes], arches: tuple[str, ...]) -> Check:
     if kind == "hip":
-        data = sections.get(".hip_fatbin")
+        name = ".hip_fatbin" if ".hip_fatbin" in sections else HIP_PE_SECTION
+        data = sections.get(name)
         if data is None:
-            return Check("device code", False, "no .hip_fatbin section")
+            return Check("device code", False, f"no .hip_fatbin (ELF) or {HIP_PE_SECTION} (PE) section")
         try:
             bundles = parse_offload_bundle(data)
         except ValueError as exc:
-            return Check("device code", False, f".hip_fatbin: {exc}")
+            return Check("device code", False, f"{name}: {exc}")
         if any(b.compressed for b in bundles):
-            return Check("device code", False, ".hip_fatbin holds a compressed bundle this verifier cannot list")
+            return Check("device code", False, f"{name} holds a compressed bundle this verifier cannot list")
         targets = {t for b in bundles for t in b.gfx_targets}
         missing = sorted(set(arches) - targets)
-        detail = f".hip_fatbin lists {', '.join(sorted(targets)) or 'nothing'}"
+        detail = f"{name} lists {', '.join(sorted(targets)) or 'nothing'}"
         return Check("device code", not missing, detail + (f"; missing {', '.join(missing)}" if missing else ""))
     data = sections.get(".nv_fatbin")
     if data is None:
@@ -111,39 +112,43 @@ def _device_check(kind: str, sections: dict[str, bytes], arches: tuple[str, ...]
         return Check("device code", False, f".nv_fatbin: {exc}")
     missing = sorted(a for a in arches if "sass" not in found.get(a, set()))
     detail = ", ".join(f"{a} ({'+'.join(sorted(k))})" for a, k in sorted(found.items())) or "nothing"
-    return Check("device code", not missing, f".nv_fatbin holds {detail}" + (f"; no SASS for {', '.join(missing)}" if missing else ""))
+    return Check(
+        "device code",
+        not missing,
+        f".nv_fatbin holds {detail}" + (f"; no SASS for {', '.join(missing)}" if missing else ""),
+    )
 
 
-def verify_elf(
+def verify_artifact(
     path: Path, kind: str, abi_exports: tuple[str, ...], arches: tuple[str, ...], forbidden_paths: Iterable[str]
 ) -> Report:
-    """kind: host, ref, cuda or hip. Backends must export exactly the ABI."""
+    """kind: host, ref, cuda or hip; the format (ELF or PE) is read from the file.
+
+    Backends must export exactly the ABI; every artifact's imports must match its
+    allowlist for that format.
+    """
     try:
-        info = read_elf(path)
+        info = read_binary(path)
     except (OSError, ValueError) as exc:
-        return Report(str(path), kind, "ELF", (Check("format", False, str(exc)),))
-    checks = [
-        Check(
-            "format",
-            info.machine == "EM_X86_64" and info.elf_class == 64,
-            f"ELF{info.elf_class} {info.machine} {info.elf_type}",
-        )
-    ]
+        return Report(str(path), kind, "unknown", (Check("format", False, str(exc)),))
+    checks = [Check("format", info.target_ok, info.target)]
     if kind != "host":
         checks.append(_exports_check(info.exports, abi_exports))
-    bad = _outside(info.needed, allowlist("ELF", kind), fold=False)
+    pe = info.format == "PE"
+    bad = _outside(info.imports, allowlist(info.format, kind), fold=pe)
+    label = "imports" if pe else "DT_NEEDED"
     checks.append(
         Check(
             "imports",
             not bad,
-            f"outside the allowlist: {', '.join(bad)}" if bad else f"DT_NEEDED {', '.join(info.needed) or 'none'}",
+            f"outside the allowlist: {', '.join(bad)}" if bad else f"{label} {', '.join(info.imports) or 'none'}",
         )
     )
     leaks = _leaks(path, forbidden_paths)
     checks.append(Check("paths", not leaks, f"embeds {', '.join(leaks)}" if leaks else "no build-machine path"))
     if kind in ("hip", "cuda"):
         checks.append(_device_check(kind, info.sections, arches))
-    return Report(str(path), kind, "ELF", tuple(checks))
+    return Report(str(path), kind, info.format, tuple(checks))
 
 
 def format_table(reports: Iterable[Report]) -> str:

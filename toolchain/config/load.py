@@ -57,7 +57,13 @@ class ResolvedConfig:
     file: Path
 
     def origin(self, key: str) -> str:
-        return self.origins.get(key, "default")
+        """Where `key` was set; a key inside a table set as a whole (profiles) inherits its origin."""
+        parts = key.split(".")
+        for n in range(len(parts), 0, -1):
+            found = self.origins.get(".".join(parts[:n]))
+            if found:
+                return found
+        return "default"
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -110,7 +116,7 @@ def _describe(err: Mapping[str, Any], origins: Mapping[str, str]) -> str:
     if err["type"] == "extra_forbidden":
         allowed = _fields_at(Config, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"; did you mean '{'.'.join(str(p) for p in loc[:-1] + (close[0],))}'?" if close else ""
+        hint = f"; did you mean '{'.'.join(str(p) for p in (*loc[:-1], close[0]))}'?" if close else ""
         return f"{where}: unknown key '{dotted}'{hint} (allowed here: {', '.join(allowed)})"
     msg = str(err["msg"]).removeprefix("Value error, ")
     got = err.get("input")

@@ -47,14 +47,18 @@ class HostSection(_Section):
 
 
 class HipSection(_Section):
-    sdk_root: str | None = Field(None, description="HIP SDK root (env HIP_SDK_ROOT); unset: HIP_PATH, ROCM_PATH, /opt/rocm, /usr.")
+    sdk_root: str | None = Field(
+        None, description="HIP SDK root (env HIP_SDK_ROOT); unset: HIP_PATH, ROCM_PATH, /opt/rocm, /usr."
+    )
     bin_dir: str | None = Field(None, description="SDK bin directory (env HIP_BIN_DIR); unset: <root>/bin.")
     include_dir: str | None = Field(None, description="Directory holding hip/hip_runtime.h (env HIP_INCLUDE_DIR).")
     lib_dir: str | None = Field(None, description="Directory holding the HIP runtime library (env HIP_LIB_DIR).")
     device_lib_dir: str | None = Field(
         None, description="Directory of the amdgcn device bitcode (env HIP_DEVICE_LIB_PATH)."
     )
-    compiler: str | None = Field(None, description="HIP-capable clang++ (env HIPCC); unset: the SDK's, then clang++-19.")
+    compiler: str | None = Field(
+        None, description="HIP-capable clang++ (env HIPCC); unset: the SDK's, then clang++-19."
+    )
     default_arches: tuple[str, ...] = Field(
         ("gfx1030", "gfx90a", "gfx1100", "gfx1151"),
         description="gfx targets of the default build; those the SDK cannot build are skipped with a note.",
@@ -64,7 +68,9 @@ class HipSection(_Section):
 
 
 class CudaSection(_Section):
-    home: str | None = Field(None, description="CUDA toolkit root (env CUDA_HOME or CUDA_PATH); unset: nvcc on PATH, /usr/local/cuda.")
+    home: str | None = Field(
+        None, description="CUDA toolkit root (env CUDA_HOME or CUDA_PATH); unset: nvcc on PATH, /usr/local/cuda."
+    )
     compiler: str | None = Field(None, description="nvcc to use (env NVCC); unset: <home>/bin/nvcc.")
     default_arches: tuple[str, ...] = Field(("sm_80", "sm_90"), description="sm targets of the default build.")
 
@@ -90,11 +96,11 @@ def _default_profiles() -> dict[str, ProfileSection]:
 
 class Config(_Section):
     version: str = Field("0.1.0", pattern=r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.]+)?$", description="Package version.")
-    build: BuildSection = Field(default_factory=BuildSection)  # type: ignore[arg-type]
-    host: HostSection = Field(default_factory=HostSection)  # type: ignore[arg-type]
-    hip: HipSection = Field(default_factory=HipSection)  # type: ignore[arg-type]
-    cuda: CudaSection = Field(default_factory=CudaSection)  # type: ignore[arg-type]
-    windows: WindowsSection = Field(default_factory=WindowsSection)  # type: ignore[arg-type]
+    build: BuildSection = Field(default_factory=BuildSection)
+    host: HostSection = Field(default_factory=HostSection)
+    hip: HipSection = Field(default_factory=HipSection)
+    cuda: CudaSection = Field(default_factory=CudaSection)
+    windows: WindowsSection = Field(default_factory=WindowsSection)
     profiles: dict[str, ProfileSection] = Field(default_factory=_default_profiles, description="Named flag sets.")
 
     @property

@@ -1,32 +1,21 @@
-"""ELF inspection with pyelftools: what the verifier needs, as a frozen record."""
+"""ELF inspection with pyelftools."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-__all__ = ["ElfInfo", "read_elf"]
+from .binary import Binary
 
-
-@dataclass(frozen=True)
-class ElfInfo:
-    path: Path
-    machine: str  # EM_X86_64
-    elf_class: int  # 32 or 64
-    elf_type: str  # ET_DYN, ET_EXEC
-    exports: tuple[str, ...]  # defined global/weak dynamic symbols, sorted
-    needed: tuple[str, ...]  # DT_NEEDED
-    sections: dict[str, bytes]  # only the device-code sections, by name
-
+__all__ = ["DEVICE_SECTIONS", "read_elf"]
 
 DEVICE_SECTIONS = (".hip_fatbin", ".nv_fatbin")
 
 
-def read_elf(path: Path) -> ElfInfo:
+def read_elf(path: Path) -> Binary:
     """Raises ValueError when the file is not a readable ELF."""
     with path.open("rb") as fh:
         try:
@@ -45,19 +34,20 @@ def read_elf(path: Path) -> ElfInfo:
                         exports.add(sym.name)
             for section in elf.iter_sections():
                 if isinstance(section, DynamicSection):
-                    needed += [t.needed for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+                    needed += [str(t.needed) for t in section.iter_tags() if t.entry.d_tag == "DT_NEEDED"]  # type: ignore[attr-defined]
             sections = {}
             for name in DEVICE_SECTIONS:
                 sec = elf.get_section_by_name(name)
                 if sec is not None:
                     sections[name] = sec.data()
-            return ElfInfo(
+            machine, cls = str(elf["e_machine"]), elf.elfclass
+            return Binary(
                 path=path,
-                machine=str(elf["e_machine"]),
-                elf_class=elf.elfclass,
-                elf_type=str(elf["e_type"]),
+                format="ELF",
+                target_ok=machine == "EM_X86_64" and cls == 64,
+                target=f"ELF{cls} {machine} {elf['e_type']}",
                 exports=tuple(sorted(exports)),
-                needed=tuple(needed),
+                imports=tuple(needed),
                 sections=sections,
             )
         except ELFError as exc:
