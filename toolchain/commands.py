@@ -67,6 +67,15 @@ def _prefix_maps(plan: Plan) -> list[str]:
     return maps
 
 
+def _nvcc_pass(flag: str, options: list[str]) -> list[str]:
+    """nvcc re-splits -Xcompiler/-Xlinker values on spaces and commas; one option
+    per flag, double-quoted when it holds a space (a project path like '/tmp/my builds')."""
+    out: list[str] = []
+    for opt in options:
+        out += [flag, f'"{opt}"' if " " in opt else opt]
+    return out
+
+
 def _rel(plan: Plan, p: str) -> str:
     return str(plan.root / p)
 
@@ -153,10 +162,8 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
             "-std=c++17",
             *cfg.profile.gpu_flags,
             "-shared",
-            "-Xcompiler",
-            ",".join(["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *_prefix_maps(plan)]),
-            "-Xlinker",
-            f"--version-script={plan.gen_dir / 'coli_backend.map'},--build-id=none",
+            *_nvcc_pass("-Xcompiler", ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *_prefix_maps(plan)]),
+            *_nvcc_pass("-Xlinker", [f"--version-script={plan.gen_dir / 'coli_backend.map'}", "--build-id=none"]),
             *gencode,
             *includes,
             _rel(plan, GPU_SOURCES[0]),
@@ -181,6 +188,9 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         "-Wall",
         "-Wextra",
         *_prefix_maps(plan),
+        # clang derives the compilation-unit id from the source path by default,
+        # which makes the library differ from folder to folder
+        "-cuid=coli_backend_gpu",
         "-fPIC",
         "-fvisibility=hidden",
         "-shared",
