@@ -1,0 +1,84 @@
+"""Shared fixtures: project copies for real builds, doit runs, and the CI rule
+that an unexpected skip fails the run (COLI_FAIL_ON_SKIP=1, set by nox)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COPY_IGNORE = shutil.ignore_patterns("build", "dist", ".git", ".nox", ".venv", "__pycache__", "*.egg-info", ".*_cache")
+
+
+def copy_project(dest: Path) -> Path:
+    """A copy of the sources a build needs, as a fresh clone would have them."""
+    shutil.copytree(ROOT, dest, ignore=COPY_IGNORE)
+    return dest
+
+
+def run_doit(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("COLI_ARCH", None)
+    return subprocess.run(
+        [sys.executable, "-m", "doit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+
+
+def executed(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """Names of the tasks whose actions ran ('.  name' lines)."""
+    return [line[3:].strip() for line in proc.stdout.splitlines() if line.startswith(".  ")]
+
+
+def need_tool(*names: str) -> None:
+    missing = [n for n in names if shutil.which(n) is None]
+    if missing:
+        pytest.skip(f"missing tool(s): {', '.join(missing)} (scripts/setup installs them)")
+
+
+@pytest.fixture(scope="session")
+def built_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One full default `doit build` in a project copy whose path has a space, shared by the build tests."""
+    need_tool("gcc", "clang++-19", "nvcc")
+    root = copy_project(tmp_path_factory.mktemp("built") / "coli project")
+    proc = run_doit(root, "build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield root
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("COLI_FAIL_ON_SKIP") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    if skipped and reporter is not None:
+        reporter.write_line(f"COLI_FAIL_ON_SKIP=1: {len(skipped)} test(s) skipped; CI must run every test", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def gen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ABI renderings (headers, .def, version script), as codegen writes them."""
+    from toolchain.abi import load_abi, render_abi
+
+    out = tmp_path_factory.mktemp("gen")
+    for name, text in render_abi(load_abi(ROOT / "kernels" / "abi.toml")).items():
+        (out / name).write_text(text)
+    return out
+
+
+def compile_ok(argv: list[str], cwd: Path | None = None) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"

@@ -1,0 +1,189 @@
+"""`doit build` for real: the real compilers, in project copies whose paths hold a space."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_project, executed, need_tool, run_doit
+
+pytestmark = pytest.mark.slow
+
+PLATFORM = "linux-x86_64"
+KEYS = ("ref-cpu", "hip-gfx1030_gfx90a", "cuda-sm_80_sm_90")
+
+
+def package(root: Path, key: str) -> Path:
+    return root / "dist" / f"coli-0.1.0-{PLATFORM}-{key}.tar.gz"
+
+
+def test_default_build_makes_host_and_one_verified_package_per_backend(built_project: Path) -> None:
+    assert (built_project / "build/linux-x86_64/host/coli").is_file()
+    names = sorted(p.name for p in (built_project / "dist").iterdir())
+    assert names == sorted(f"coli-0.1.0-{PLATFORM}-{k}.tar.gz" for k in KEYS)
+    for key in KEYS:
+        api = key.split("-")[0]
+        with tarfile.open(package(built_project, key)) as tf:
+            top = f"coli-0.1.0-{PLATFORM}-{key}"
+            files = {m.name.removeprefix(top + "/"): tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
+        assert set(files) == {"coli", f"libcoli_{api}.so", "build-info.json", "SHA256SUMS"}
+        for line in files["SHA256SUMS"].decode().splitlines():
+            digest, name = line.split("  ")
+            assert hashlib.sha256(files[name]).hexdigest() == digest
+        info = json.loads(files["build-info.json"])
+        assert info["api"] == api and info["platform"] == PLATFORM
+        assert info["source_revision"] and "host" in info["toolchain"] and api in info["toolchain"]
+        assert all(v["ok"] for v in info["verify"].values())
+        expected = "passed" if api == "ref" else "not-run"
+        assert info["validate"]["status"] == expected, info["validate"]
+        if api != "ref":
+            assert "GPU tier disabled" in info["validate"]["reason"]
+
+
+def test_device_code_of_the_default_arches(built_project: Path) -> None:
+    reports = built_project / "build/linux-x86_64/reports"
+    hip = json.loads((reports / "verify-hip-gfx1030_gfx90a.json").read_text())
+    (device,) = [c for c in hip["checks"] if c["name"] == "device code"]
+    assert device["ok"] and device["detail"] == ".hip_fatbin lists gfx1030, gfx90a"
+    cuda = json.loads((reports / "verify-cuda-sm_80_sm_90.json").read_text())
+    (device,) = [c for c in cuda["checks"] if c["name"] == "device code"]
+    assert device["ok"] and "sm_80 (sass)" in device["detail"] and "sm_90 (ptx+sass)" in device["detail"]
+
+
+def _edit(path: Path, old: str, new: str) -> str:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return text
+
+
+def test_no_op_and_incremental_rebuilds(built_project: Path) -> None:
+    proc = run_doit(built_project, "build")
+    assert proc.returncode == 0 and executed(proc) == [], proc.stdout
+
+    kernel = built_project / "kernels/backend_gpu.cu"
+    original = _edit(kernel, '"no %s device: %s"', '"no usable %s device: %s"')
+    try:
+        ran = set(executed(run_doit(built_project, "build")))
+        gpu = {f"{PLATFORM}-{k}" for k in KEYS[1:]}
+        assert ran == {f"{stage}:{t}" for stage in ("backend", "verify", "validate", "package") for t in gpu}
+    finally:
+        kernel.write_text(original)
+    assert run_doit(built_project, "build").returncode == 0
+
+    main = built_project / "engine/main.c"
+    original = _edit(main, "nothing to do: give --selftest", "nothing to do: pass --selftest")
+    try:
+        ran = set(executed(run_doit(built_project, "build")))
+        assert f"host:{PLATFORM}" in ran and f"verify:{PLATFORM}-host" in ran
+        assert not any(t.startswith("backend:") for t in ran)
+        assert {f"package:{PLATFORM}-{k}" for k in KEYS} <= ran
+    finally:
+        main.write_text(original)
+    assert run_doit(built_project, "build").returncode == 0
+
+
+def test_parallel_build_in_another_folder_gives_the_same_bytes(built_project: Path, tmp_path: Path) -> None:
+    other = copy_project(tmp_path / "second copy")
+    proc = run_doit(other, "-n", "2", "build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # gcc and clang outputs do not depend on the folder; nvcc's do (it embeds its
+    # temporary file names), which the reproducibility issue deals with.
+    for rel in ("host/coli", "ref-cpu/libcoli_ref.so", "hip-gfx1030_gfx90a/libcoli_hip.so"):
+        a = (built_project / "build" / PLATFORM / rel).read_bytes()
+        b = (other / "build" / PLATFORM / rel).read_bytes()
+        assert a == b, rel
+
+
+def test_named_arches(built_project: Path) -> None:
+    proc = run_doit(built_project, "build", "arch=gfx1030,gfx90a")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not any(t.startswith("backend:") for t in executed(proc))  # same group as the default: up to date
+
+    proc = run_doit(built_project, "build", "arch=sm_90")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"backend:{PLATFORM}-cuda-sm_90" in executed(proc)
+    report = json.loads((built_project / "build/linux-x86_64/reports/verify-cuda-sm_90.json").read_text())
+    (device,) = [c for c in report["checks"] if c["name"] == "device code"]
+    assert device["ok"] and device["detail"] == ".nv_fatbin holds sm_90 (ptx+sass)"
+
+    proc = run_doit(built_project, "build", "arch=cpu")
+    assert proc.returncode == 0
+    assert proc.stderr.count("note:") == 0  # nothing skipped when nothing else was asked for
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "needles"),
+    [
+        (["arch=gfx9999"], {}, 2, ["unknown arch 'gfx9999'", "allowed: cpu"]),
+        (["arch=sm_1"], {}, 2, ["unknown arch 'sm_1'"]),
+        (["arch=gfx1151"], {}, 3, ["HIP SDK 5.2", "oclc_isa_version_1151.bc"]),
+        (["arhc=cpu"], {}, 2, ["did you mean 'arch='"]),
+        (["arch=sm_90"], {"NVCC": "/nonexistent/nvcc"}, 3, ["linux-x86_64-cuda: no nvcc", "env NVCC"]),
+        (["profile=fast"], {}, 2, ["no profile 'fast'"]),
+    ],
+)
+def test_bad_requests_end_in_one_line(
+    built_project: Path, args: list[str], env: dict[str, str], code: int, needles: list[str]
+) -> None:
+    proc = run_doit(built_project, "build", *args, env=env)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for n in needles:
+        assert n in lines[0]
+
+
+def test_misspelt_config_key(built_project: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[build]\narhc = ["cpu"]\n')
+    proc = run_doit(built_project, "build", f"config={bad}")
+    assert proc.returncode == 2
+    assert f"file {bad}: unknown key 'build.arhc'; did you mean 'build.arch'?" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_absent_api_is_skipped_in_the_default_build_with_one_line(built_project: Path) -> None:
+    proc = run_doit(built_project, "toolchain", env={"NVCC": "/nonexistent/nvcc"})
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "cuda" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: linux-x86_64-cuda: skipped: no nvcc")
+    assert "missing:" in proc.stdout
+
+
+def test_list_and_toolchain(built_project: Path) -> None:
+    proc = run_doit(built_project, "list")
+    assert proc.returncode == 0
+    docs = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+    for stage in ("toolchain", "codegen", "host", "backend", "verify", "validate", "package", "build", "config"):
+        assert docs.get(stage), f"{stage} has no one-line doc in doit list"
+    proc = run_doit(built_project, "toolchain")
+    assert proc.returncode == 0
+    for needle in ("host cc", "nvcc", "hip compiler", "hip device lib dir", "mingw cc", "wine", "PATH"):
+        assert needle in proc.stdout
+    proc = run_doit(built_project, "config", "arch=cpu")
+    assert 'build.arch = ["cpu"]    # var arch=' in proc.stdout
+
+
+def test_windows_cross_build_runs_under_wine(built_project: Path) -> None:
+    need_tool("x86_64-w64-mingw32-gcc", "wine")
+    proc = run_doit(built_project, "build", "os=windows", "arch=cpu", env={"WINEDEBUG": "-all"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (built_project / "build/windows-x86_64/host/coli.exe").is_file()
+    zpath = built_project / "dist/coli-0.1.0-windows-x86_64-ref-cpu.zip"
+    with zipfile.ZipFile(zpath) as zf:
+        top = "coli-0.1.0-windows-x86_64-ref-cpu"
+        assert sorted(zf.namelist()) == sorted(
+            f"{top}/{n}" for n in ("coli.exe", "coli_ref.dll", "build-info.json", "SHA256SUMS")
+        )
+        info = json.loads(zf.read(f"{top}/build-info.json"))
+    assert info["validate"]["status"] == "passed"
+    assert all(v["ok"] for v in info["verify"].values())
+    # the Linux build's state is kept apart from the Windows one
+    assert executed(run_doit(built_project, "build")) == []

@@ -1,0 +1,107 @@
+"""The host executable itself: the selftest under AddressSanitizer and
+UndefinedBehaviorSanitizer, and every way a backend can fail to load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, compile_ok, need_tool
+
+pytestmark = pytest.mark.slow
+
+KERNELS = ROOT / "kernels"
+ENGINE = ROOT / "engine"
+HOST_SOURCES = [str(ENGINE / n) for n in ("main.c", "loader.c", "selftest.c", "json_out.c")] + [
+    str(KERNELS / "cpu_ops.c")
+]
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+
+
+@pytest.fixture(scope="module")
+def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    need_tool("gcc")
+    out = tmp_path_factory.mktemp("asan")
+    inc = [f"-I{gen_dir}", f"-I{KERNELS}", f"-I{ENGINE}"]
+    host, ref = out / "coli", out / "libcoli_ref.so"
+    compile_ok(
+        ["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", *SANITIZE, *inc, *HOST_SOURCES, "-o", str(host), "-lm"]
+    )
+    compile_ok(
+        ["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", *SANITIZE, "-shared", "-fPIC", *inc,
+         str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c"), "-o", str(ref), "-lm"]
+    )  # fmt: skip
+    return host, ref
+
+
+def run(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run([str(host), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> None:
+    host, ref = sanitized
+    proc = run(host, "--backend", str(ref), "--selftest", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["passed"] is True and result["backend"] == "ref"
+    assert len(result["checks"]) == 9 and all(c["ok"] for c in result["checks"])
+    assert {c["format"] for c in result["checks"]} == {"f32", "int8", "int4"}
+    assert len(result["bad_input"]) >= 9 and all(b["ok"] and b["message"] for b in result["bad_input"])
+    assert result["resident_after_free"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        ([], 2, "nothing to do"),
+        (["--selftest"], 2, "needs --backend"),
+        (["--bogus"], 2, "unknown option: --bogus"),
+        (["--device", "x", "--selftest"], 2, "--device must be"),
+        (["--backend", "relative/lib.so", "--selftest"], 4, "backend path must be absolute"),
+        (["--backend", "/nonexistent/libcoli_ref.so", "--selftest"], 4, "does not exist"),
+        (["--backend", "/tmp", "--selftest"], 4, "is not a regular file"),
+    ],
+)
+def test_cli_errors_are_one_line(sanitized: tuple[Path, Path], args: list[str], code: int, needle: str) -> None:
+    proc = run(sanitized[0], *args)
+    assert proc.returncode == code
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_not_a_library_and_missing_symbols(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    host = sanitized[0]
+    junk = tmp_path / "libjunk.so"
+    junk.write_text("not a library")
+    proc = run(host, "--backend", str(junk), "--selftest")
+    assert proc.returncode == 4 and "cannot load" in proc.stderr and "GPU tier disabled" in proc.stderr
+    libm = next(
+        p for p in (Path("/lib/x86_64-linux-gnu/libm.so.6"), Path("/usr/lib/x86_64-linux-gnu/libm.so.6")) if p.exists()
+    )
+    proc = run(host, "--backend", str(libm), "--selftest")
+    assert proc.returncode == 4 and "lacks the mandatory symbol coli_abi_version" in proc.stderr
+
+
+def test_wrong_abi_major_is_refused(gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    wrong = tmp_path / "v2.c"
+    wrong.write_text(
+        "#undef coli_abi_version\n#include <stdint.h>\n"
+        '__attribute__((visibility("default"))) uint32_t coli_abi_version(void) { return 2u << 16; }\n'
+    )
+    lib = tmp_path / "libcoli_v2.so"
+    compile_ok(
+        ["gcc", "-std=c11", "-shared", "-fPIC", f"-I{gen_dir}", f"-I{KERNELS}",
+         "-Dcoli_abi_version=coli_abi_version_v1", str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c"),
+         str(wrong), "-o", str(lib), "-lm"]
+    )  # fmt: skip
+    proc = run(sanitized[0], "--backend", str(lib), "--selftest")
+    assert proc.returncode == 4 and "has ABI 2.0, this host needs 1.0" in proc.stderr

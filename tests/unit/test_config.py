@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolchain.config import load_config
+from toolchain.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "configs" / "default.toml"
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_default_config_loads_with_its_origins() -> None:
+    rc = load_config(DEFAULT, {}, {})
+    assert rc.config.build.os == "linux"
+    assert rc.config.build.arch == ()
+    assert rc.origin("build.os") == f"file {DEFAULT}"
+    assert rc.origin("build.build_dir") == "default"
+
+
+def test_precedence_defaults_file_env_vars(tmp_path: Path) -> None:
+    f = _toml(tmp_path, '[build]\nprofile = "debug"\narch = ["cpu"]\n')
+    rc = load_config(f, {}, {})
+    assert rc.config.build.profile == "debug"
+    assert rc.origin("build.profile") == f"file {f}"
+    rc = load_config(f, {"COLI_ARCH": "gfx1030, gfx90a"}, {})
+    assert rc.config.build.arch == ("gfx1030", "gfx90a")
+    assert rc.origin("build.arch") == "env COLI_ARCH"
+    rc = load_config(f, {"COLI_ARCH": "gfx1030"}, {"arch": "sm_90"})
+    assert rc.config.build.arch == ("sm_90",)
+    assert rc.origin("build.arch") == "var arch="
+
+
+def test_cuda_home_wins_over_cuda_path(tmp_path: Path) -> None:
+    rc = load_config(DEFAULT, {"CUDA_PATH": "/a", "CUDA_HOME": "/b"}, {})
+    assert rc.config.cuda.home == "/b"
+    assert rc.origin("cuda.home") == "env CUDA_HOME"
+
+
+def test_config_is_frozen() -> None:
+    rc = load_config(DEFAULT, {}, {})
+    with pytest.raises(Exception, match="frozen"):
+        rc.config.build.os = "windows"  # type: ignore[misc]
+
+
+def test_misspelt_key_gets_did_you_mean_with_file(tmp_path: Path) -> None:
+    f = _toml(tmp_path, '[build]\narhc = ["cpu"]\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(f, {}, {})
+    line = exc.value.one_line()
+    assert f"file {f}: unknown key 'build.arhc'; did you mean 'build.arch'?" in line
+    assert "\n" not in line
+
+
+def test_all_problems_are_reported_together(tmp_path: Path) -> None:
+    f = _toml(tmp_path, '[build]\nos = 3\nprofile = "release"\n[hipp]\nx = 1\n[cuda]\ndefault_arches = ["sm_1"]\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(f, {}, {})
+    problems = exc.value.problems
+    assert len(problems) == 3
+    assert any("build.os: Input should be 'linux' or 'windows' (got 3)" in p for p in problems)
+    assert any("unknown key 'hipp'; did you mean 'hip'?" in p for p in problems)
+    assert any("cuda.default_arches: unknown arch 'sm_1'" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
+        ("gfx9999", "unknown arch 'gfx9999'"),
+        ("sm_1", "unknown arch 'sm_1'"),
+        ("gfx1030,gfx1030", "arch listed twice"),
+    ],
+)
+def test_bad_arch_variables(arch: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(DEFAULT, {}, {"arch": arch})
+    assert expected in exc.value.one_line()
+    assert "var arch=" in exc.value.one_line()
+    assert "allowed" in exc.value.one_line() or "twice" in expected
+
+
+def test_unknown_variable_and_profile() -> None:
+    with pytest.raises(ConfigError, match=r"unknown variable 'arhc='; did you mean 'arch='\?"):
+        load_config(DEFAULT, {}, {"arhc": "cpu"})
+    with pytest.raises(ConfigError, match=r"no profile 'fast' \(allowed: debug, release\)"):
+        load_config(DEFAULT, {}, {"profile": "fast"})
+
+
+def test_wrong_type_in_file(tmp_path: Path) -> None:
+    f = _toml(tmp_path, '[hip]\ndefault_arches = "gfx1030"\n')
+    with pytest.raises(ConfigError, match=r"hip.default_arches: Input should be a valid tuple"):
+        load_config(f, {}, {})
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", {}, {})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_toml(tmp_path, "[build\n"), {}, {})
+
+
+def test_version_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="version"):
+        load_config(_toml(tmp_path, 'version = "one"\n'), {}, {})
