@@ -187,3 +187,23 @@ def test_windows_cross_build_runs_under_wine(built_project: Path) -> None:
     assert all(v["ok"] for v in info["verify"].values())
     # the Linux build's state is kept apart from the Windows one
     assert executed(run_doit(built_project, "build")) == []
+
+
+def test_a_changed_compiler_rebuilds_its_backend_only(built_project: Path, tmp_path: Path) -> None:
+    """The toolchain fingerprint is part of each compile's state: a different HIP
+    compiler (here the same clang behind a wrapper that reports another version)
+    rebuilds the HIP backend and nothing else; the same one again is a no-op."""
+    clang = Path("/usr/bin/clang++-19").resolve()
+    wrapper = tmp_path / "bin" / "clang++"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "wrapped clang 19.1.7-x"; exit 0; }}\nexec {clang} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    (wrapper.parent / "clang-offload-bundler").symlink_to(clang.parent / "clang-offload-bundler")
+    env = {"HIPCC": str(wrapper)}
+    ran = executed(run_doit(built_project, "build", env=env))
+    assert f"backend:{PLATFORM}-hip-gfx1030_gfx90a" in ran
+    assert not any(t.startswith(("backend:", "host:")) and "hip" not in t for t in ran), ran
+    assert executed(run_doit(built_project, "build", env=env)) == []
+    assert f"backend:{PLATFORM}-hip-gfx1030_gfx90a" in executed(run_doit(built_project, "build"))
