@@ -1,67 +1,315 @@
-/* coli: the engine's host executable. This first CLI loads a backend and checks
- * it against the CPU path; the model engine builds on the same loader. */
+/* coli: the engine's command line. Other tools call it exactly like this:
+ *   coli --model DIR --ids 5,17,42 --teacher-force --json
+ *   coli --model DIR --ids 5,17,42 --generate N --json
+ *   coli --backend PATH --selftest [--json] */
+#if !defined(_WIN32)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#if defined(_WIN32)
+#include <windows.h>
+#else
+#include <unistd.h>
+#endif
+
+#include "json_out.h"
 #include "loader.h"
+#include "model.h"
 #include "selftest.h"
 
 #ifndef COLI_VERSION
 #define COLI_VERSION "0.0.0"
 #endif
 
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
 static const char USAGE[] =
-    "usage: coli --backend PATH --selftest [--json] [--device N]\n"
+    "usage: coli --model DIR --ids 5,17,42 (--teacher-force | --generate N) [options]\n"
+    "       coli --backend PATH --selftest [--json] [--device N]\n"
     "       coli --version\n"
-    "  --backend PATH  backend library, by absolute path\n"
-    "  --selftest      check every backend op against the CPU path\n"
-    "  --json          one JSON object on stdout\n"
-    "  --device N      device index (default 0)\n";
+    "options:\n"
+    "  --model DIR        config.json + model.safetensors (or shards with model.safetensors.index.json)\n"
+    "  --ids LIST         comma-separated token ids\n"
+    "  --teacher-force    the argmax at every input position\n"
+    "  --generate N       N greedy tokens after the ids\n"
+    "  --quant MODE       f32 (default), int8 or int4 weights for the dense matmuls\n"
+    "  --backend PATH     run dense matmuls in this backend library (absolute path); none: CPU\n"
+    "  --threads N        CPU threads (default: the CPUs available, at most 16)\n"
+    "  --device N         backend device index (default 0)\n"
+    "  --json             one JSON object on stdout\n"
+    "  --selftest         check every backend op against the CPU path\n";
 
 static int usage_error(const char *what, const char *arg) {
     fprintf(stderr, "coli: %s%s%s (see coli --help)\n", what, arg ? ": " : "", arg ? arg : "");
-    return 2;
+    return EXIT_USAGE;
+}
+
+static double now(void) {
+#if defined(_WIN32)
+    LARGE_INTEGER f, c;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&c);
+    return (double)c.QuadPart / (double)f.QuadPart;
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
+}
+
+static int cpu_count(void) {
+#if defined(_WIN32)
+    SYSTEM_INFO si;
+    GetSystemInfo(&si);
+    int n = (int)si.dwNumberOfProcessors;
+#else
+    int n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
+static int parse_count(const char *s, long max, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < 0 || v > max) return 1;
+    *out = v;
+    return 0;
+}
+
+/* "5,17,42" -> ids; one line on error. */
+static int parse_ids(const char *s, int32_t **ids, int64_t *n) {
+    size_t count = 1;
+    for (const char *p = s; *p; p++) count += *p == ',';
+    *ids = malloc(count * sizeof **ids);
+    *n = 0;
+    if (!*ids) return usage_error("out of memory", NULL);
+    const char *p = s;
+    for (size_t i = 0; i < count; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || v < 0 || v > 0x7FFFFFFF) {
+            char what[96];
+            snprintf(what, sizeof what, "--ids: item %zu is not a token id (non-negative integer)", i + 1);
+            return usage_error(what, s);
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end + 1;
+    }
+    return 0;
+}
+
+static void argmax2(const float *row, int64_t n, int32_t *best, float *margin) {
+    int64_t b = 0;
+    float first = -FLT_MAX, second = -FLT_MAX;
+    for (int64_t i = 0; i < n; i++) {
+        if (row[i] > first) {
+            second = first;
+            first = row[i];
+            b = i;
+        } else if (row[i] > second) {
+            second = row[i];
+        }
+    }
+    *best = (int32_t)b; /* the first maximum, as torch.argmax */
+    *margin = first - second;
+}
+
+static void print_ints(FILE *f, const int32_t *v, int64_t n) {
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++) fprintf(f, "%s%d", i ? ", " : "", v[i]);
+    fputc(']', f);
 }
 
 int main(int argc, char **argv) {
-    const char *backend = NULL;
-    int selftest = 0, json = 0, device = 0;
+    const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
+    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count();
+    long generate = -1, v;
+    quant_mode quant = QUANT_F32;
+    const char *quant_name = "f32";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(USAGE, stdout);
-            return 0;
+            return EXIT_OK;
         } else if (!strcmp(a, "--version")) {
             printf("coli %s (backend ABI %d.%d)\n", COLI_VERSION, COLI_ABI_MAJOR, COLI_ABI_MINOR);
-            return 0;
-        } else if (!strcmp(a, "--backend")) {
-            if (++i >= argc) return usage_error("--backend needs a path", NULL);
-            backend = argv[i];
-        } else if (!strcmp(a, "--device")) {
-            char *end;
-            if (++i >= argc) return usage_error("--device needs a number", NULL);
-            device = (int)strtol(argv[i], &end, 10);
-            if (*end || device < 0) return usage_error("--device must be a non-negative integer", argv[i]);
+            return EXIT_OK;
         } else if (!strcmp(a, "--selftest")) {
             selftest = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--teacher-force")) {
+            teacher = 1;
+        } else if (!strcmp(a, "--backend") || !strcmp(a, "--model") || !strcmp(a, "--ids") ||
+                   !strcmp(a, "--device") || !strcmp(a, "--threads") || !strcmp(a, "--generate") ||
+                   !strcmp(a, "--quant")) {
+            if (!val) return usage_error("option needs a value", a);
+            i++;
+            if (!strcmp(a, "--backend")) backend_path = strcmp(val, "none") ? val : NULL;
+            else if (!strcmp(a, "--model")) model_dir = val;
+            else if (!strcmp(a, "--ids")) ids_arg = val;
+            else if (!strcmp(a, "--device")) {
+                if (parse_count(val, 1024, &v)) return usage_error("--device must be an integer in 0..1024", val);
+                device = (int)v;
+            } else if (!strcmp(a, "--threads")) {
+                if (parse_count(val, 256, &v) || v < 1) return usage_error("--threads must be an integer in 1..256", val);
+                threads = (int)v;
+            } else if (!strcmp(a, "--generate")) {
+                if (parse_count(val, 1 << 20, &generate)) return usage_error("--generate must be a count", val);
+            } else {
+                if (!strcmp(val, "f32")) quant = QUANT_F32;
+                else if (!strcmp(val, "int8")) quant = QUANT_INT8;
+                else if (!strcmp(val, "int4")) quant = QUANT_INT4;
+                else return usage_error("--quant must be f32, int8 or int4", val);
+                quant_name = val;
+            }
         } else {
             return usage_error("unknown option", a);
         }
     }
-    if (!selftest) return usage_error("nothing to do: give --selftest", NULL);
-    if (!backend) return usage_error("--selftest needs --backend PATH", NULL);
 
     coli_backend b;
     char err[1024];
-    if (coli_backend_open(backend, &b, err, sizeof err) != 0) {
-        if (json) printf("{\"backend\": null, \"available\": false, \"passed\": false}\n");
-        fprintf(stderr, "[backend] %s; GPU tier disabled (CPU path remains active)\n", err);
-        return SELFTEST_LOAD_FAILED;
+    int have_backend = 0;
+    char backend_error[1100] = "";
+    if (selftest) {
+        if (!backend_path) return usage_error("--selftest needs --backend PATH", NULL);
+        if (coli_backend_open(backend_path, &b, err, sizeof err) != 0) {
+            if (json) printf("{\"backend\": null, \"available\": false, \"passed\": false}\n");
+            fprintf(stderr, "[backend] %s; GPU tier disabled (CPU path remains active)\n", err);
+            return SELFTEST_LOAD_FAILED;
+        }
+        int rc = coli_selftest(&b, device, json, stdout);
+        coli_backend_close(&b);
+        return rc;
     }
-    int rc = coli_selftest(&b, device, json, stdout);
-    coli_backend_close(&b);
+    if (!model_dir && !ids_arg && !teacher && generate < 0) return usage_error("nothing to do: give --model and --ids, or --selftest", NULL);
+    if (!model_dir) return usage_error("--model DIR is required", NULL);
+    if (!ids_arg) return usage_error("--ids is required", NULL);
+    if (teacher == (generate >= 0)) return usage_error("give exactly one of --teacher-force and --generate N", NULL);
+
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (parse_ids(ids_arg, &ids, &n)) return EXIT_USAGE;
+
+    if (backend_path) {
+        if (coli_backend_open(backend_path, &b, err, sizeof err) != 0) {
+            snprintf(backend_error, sizeof backend_error, "%s", err);
+        } else if (b.api.backend_init(device) != COLI_OK) {
+            snprintf(backend_error, sizeof backend_error, "%s: init failed: %s", b.name, b.api.last_error());
+            coli_backend_close(&b);
+        } else {
+            have_backend = 1;
+        }
+        if (!have_backend) fprintf(stderr, "[backend] %s; GPU tier disabled (CPU path remains active)\n", backend_error);
+    }
+    char device_name[160] = "cpu";
+    if (have_backend) {
+        coli_device_info info;
+        if (b.api.device_describe(device, &info) == COLI_OK) snprintf(device_name, sizeof device_name, "%s", info.name);
+    }
+
+    model m;
+    double t_load = now();
+    int64_t max_pos = n + (generate > 0 ? generate : 0);
+    if (model_load(&m, model_dir, quant, threads, have_backend ? &b : NULL, max_pos, err, sizeof err)) {
+        fprintf(stderr, "coli: %s\n", err);
+        model_free(&m);
+        if (have_backend) coli_backend_close(&b);
+        free(ids);
+        return EXIT_USAGE;
+    }
+    t_load = now() - t_load;
+    int rc = EXIT_OK;
+    float *logits = malloc((size_t)(n * m.c.vocab) * sizeof(float));
+    int32_t *pred = malloc((size_t)(n + (generate > 0 ? generate : 0) + 1) * sizeof *pred);
+    float *margin = malloc((size_t)(n + 1) * sizeof *margin);
+    double t_first = 0.0, t_rest = 0.0;
+    if (!logits || !pred || !margin) {
+        fprintf(stderr, "coli: out of memory for %lld positions\n", (long long)n);
+        rc = EXIT_RUNTIME;
+        goto out;
+    }
+    for (int64_t s = 0; s < n; s++)
+        if (ids[s] >= m.c.vocab) {
+            fprintf(stderr, "coli: --ids: token %d at position %lld is outside the vocabulary of %s (0..%lld)\n",
+                    ids[s], (long long)s, model_dir, (long long)(m.c.vocab - 1));
+            rc = EXIT_USAGE;
+            goto out;
+        }
+    t_first = now();
+    if (model_forward(&m, ids, n, logits, err, sizeof err)) {
+        fprintf(stderr, "coli: %s\n", err);
+        rc = EXIT_RUNTIME;
+        goto out;
+    }
+    t_first = now() - t_first;
+    if (teacher) {
+        for (int64_t s = 0; s < n; s++) argmax2(logits + s * m.c.vocab, m.c.vocab, &pred[s], &margin[s]);
+    } else if (generate > 0) {
+        float last;
+        argmax2(logits + (n - 1) * m.c.vocab, m.c.vocab, &pred[0], &last);
+        t_rest = now();
+        for (long k = 1; k < generate; k++) {
+            if (model_forward(&m, &pred[k - 1], 1, logits, err, sizeof err)) {
+                fprintf(stderr, "coli: %s\n", err);
+                rc = EXIT_RUNTIME;
+                goto out;
+            }
+            argmax2(logits, m.c.vocab, &pred[k], &last);
+        }
+        t_rest = now() - t_rest;
+    }
+    if (json) {
+        fputs("{", stdout);
+        if (teacher) {
+            fputs("\"tf_pred\": ", stdout);
+            print_ints(stdout, pred, n);
+            fputs(", \"top2_margin\": [", stdout);
+            for (int64_t s = 0; s < n; s++) printf("%s%.6g", s ? ", " : "", margin[s]);
+            printf("], \"seconds\": %.6f, \"tokens_per_second\": %.3f", t_first, (double)n / (t_first > 0 ? t_first : 1e-9));
+        } else {
+            fputs("\"generated\": ", stdout);
+            print_ints(stdout, pred, generate);
+            printf(", \"prefill_seconds\": %.6f, \"decode_seconds\": %.6f, \"decode_tokens_per_second\": %s", t_first,
+                   t_rest, generate > 1 ? "" : "null");
+            if (generate > 1) printf("%.3f", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
+        }
+        fputs(", \"backend\": ", stdout);
+        json_string(stdout, have_backend ? b.name : NULL);
+        if (backend_path && !have_backend) {
+            fputs(", \"backend_error\": ", stdout);
+            json_string(stdout, backend_error);
+        }
+        printf(", \"resident_tensors\": %d, \"device\": ", m.resident);
+        json_string(stdout, device_name);
+        printf(", \"quant\": \"%s\", \"threads\": %d, \"positions\": %lld, \"load_seconds\": %.6f}\n", quant_name,
+               pool_threads(m.pool), (long long)n, t_load);
+    } else if (teacher) {
+        printf("teacher forcing %lld positions on %s (%s, %d threads): ", (long long)n, device_name, quant_name,
+               pool_threads(m.pool));
+        print_ints(stdout, pred, n);
+        printf("\n%.1f tokens/s, %d tensors resident in %s\n", (double)n / (t_first > 0 ? t_first : 1e-9), m.resident,
+               have_backend ? b.name : "no backend");
+    } else {
+        printf("generated %ld tokens on %s (%s): ", generate, device_name, quant_name);
+        print_ints(stdout, pred, generate);
+        printf("\n");
+        if (generate > 1) printf("decode %.1f tokens/s, ", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
+        printf("%d tensors resident in %s\n", m.resident, have_backend ? b.name : "no backend");
+    }
+out:
+    free(logits);
+    free(pred);
+    free(margin);
+    model_free(&m);
+    if (have_backend) coli_backend_close(&b);
+    free(ids);
     return rc;
 }

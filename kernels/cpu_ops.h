@@ -19,12 +19,24 @@ void coli_quantize_q8(const float *w, int64_t rows, int64_t cols, int8_t *q, flo
 void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *packed,
                       float *scale);
 
-/* y[s, rows] = x[s, cols] . W^T for each format. */
+/* y[s, rows] = x[s, cols] . W^T for each format, over output rows [r0, r1).
+ * A row's result does not depend on how rows are split between threads. */
+void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
+                          int64_t r0, int64_t r1);
+void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
+                         int64_t s, float *y, int64_t r0, int64_t r1);
+void coli_matmul_q4_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
+                         const float *x, int64_t s, float *y, int64_t r0, int64_t r1);
+
+/* The same over every row. */
 void coli_matmul_f32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y);
 void coli_matmul_q8(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
                     int64_t s, float *y);
 void coli_matmul_q4(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
                     const float *x, int64_t s, float *y);
+
+/* a . b with eight partial sums (a fixed order, vectorisable). */
+float coli_dot_f32(const float *a, const float *b, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,81 @@
+/* The glm_moe_dsa model as transformers defines it (GlmMoeDsaForCausalLM):
+ * MLA attention with the DSA indexer, dense and MoE MLPs, a KV cache. Dense
+ * matmuls may live in a backend; routed experts, the router and the indexer's
+ * head weights stay on the CPU in float32. */
+#ifndef COLI_MODEL_H
+#define COLI_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loader.h"
+#include "pool.h"
+#include "safetensors.h"
+
+typedef enum { QUANT_F32, QUANT_INT8, QUANT_INT4 } quant_mode;
+
+typedef struct model_config {
+    int64_t vocab, hidden, intermediate, moe_intermediate, layers, heads;
+    int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head;
+    int64_t experts, experts_per_tok, shared_experts, n_group, topk_group;
+    int64_t index_topk, index_head_dim, index_heads;
+    int norm_topk_prob, tie_embeddings, attention_bias;
+    double rms_eps, rope_theta, routed_scaling;
+    char *mlp_sparse;     /* per layer: 1 = MoE */
+    char *indexer_full;   /* per layer: 1 = runs its indexer, 0 = reuses the previous */
+} model_config;
+
+typedef struct linear {
+    int64_t rows, cols; /* out, in */
+    int format;         /* COLI_FMT_* */
+    int32_t group;
+    const float *w;     /* f32 weights (owned when `owned`) */
+    float *owned;
+    int8_t *q8;
+    uint8_t *q4;
+    float *scale;
+    float *bias;        /* optional */
+    coli_tensor dev;    /* non-zero: resident in the backend */
+} linear;
+
+typedef struct layer {
+    float *in_norm, *post_norm, *q_a_norm, *kv_a_norm;
+    linear q_a, q_b, kv_a, kv_b, o;
+    linear idx_q, idx_k;            /* indexer wq_b, wk (full layers only) */
+    float *idx_k_norm_w, *idx_k_norm_b, *idx_weights; /* LayerNorm, weights_proj [index_heads, hidden] */
+    linear gate, up, down;          /* dense MLP */
+    float *router, *router_bias;    /* [experts, hidden], [experts] */
+    float **e_gate, **e_up, **e_down; /* per routed expert, f32 on the CPU */
+    float **e_owned;                /* converted copies to free (mapped F32 needs none) */
+    int64_t n_owned;
+    linear sh_gate, sh_up, sh_down; /* shared experts */
+    float *k_cache, *v_cache, *ik_cache;
+} layer;
+
+typedef struct model {
+    model_config c;
+    st_set st;
+    quant_mode quant;
+    float *embed;        /* [vocab, hidden] */
+    float *embed_owned;  /* embed, when converted from F16/BF16 */
+    float *final_norm;
+    linear lm_head;
+    layer *layers;
+    float *inv_freq;     /* [qk_rope / 2] */
+    int64_t max_pos, n_pos;
+    pool *pool;
+    coli_backend *backend; /* NULL: CPU */
+    int resident;
+} model;
+
+/* Loads DIR (config.json + safetensors). On failure `err` names the file and the
+ * key or tensor; returns non-zero. `backend` may be NULL. */
+int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_backend *backend, int64_t max_pos,
+               char *err, size_t errlen);
+void model_free(model *m);
+
+/* Runs tokens ids[0..n) at positions n_pos.. and appends them to the cache.
+ * logits: [n, vocab]. Returns non-zero with `err` on failure. */
+int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,400 @@
+/* The forward pass, following transformers' GlmMoeDsaForCausalLM step by step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "model.h"
+
+/* ---- small ops ---------------------------------------------------------- */
+
+static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *out) {
+    float ss = coli_dot_f32(x, x, n) / (float)n;
+    float r = 1.0f / sqrtf(ss + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+static void layernorm(float *x, const float *w, const float *b, int64_t n, float eps) {
+    float mean = 0.0f, var = 0.0f;
+    for (int64_t i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= (float)n;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int64_t i = 0; i < n; i++) x[i] = (x[i] - mean) * r * w[i] + b[i];
+}
+
+/* transformers' apply_rotary_pos_emb_interleave: pairs (x0, x1), (x2, x3) ... are
+ * rotated and written de-interleaved: [x_even * cos - x_odd * sin, x_odd * cos + x_even * sin]. */
+static void rope(float *x, int64_t dim, const float *inv_freq, int64_t pos) {
+    float tmp[512];
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float f = (float)pos * inv_freq[i], c = cosf(f), s = sinf(f);
+        float a = x[2 * i], b = x[2 * i + 1];
+        tmp[i] = a * c - b * s;
+        tmp[half + i] = b * c + a * s;
+    }
+    memcpy(x, tmp, (size_t)dim * sizeof(float));
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- matmuls ------------------------------------------------------------ */
+
+typedef struct mm_job {
+    const linear *l;
+    const float *w; /* plain f32 matrix when l is NULL */
+    int64_t rows, cols;
+    const float *x;
+    int64_t s;
+    float *y;
+} mm_job;
+
+static void mm_rows(void *ctx, int64_t b, int64_t e) {
+    const mm_job *j = ctx;
+    const linear *l = j->l;
+    if (!l) coli_matmul_f32_rows(j->w, j->rows, j->cols, j->x, j->s, j->y, b, e);
+    else if (l->format == COLI_FMT_F32) coli_matmul_f32_rows(l->w, l->rows, l->cols, j->x, j->s, j->y, b, e);
+    else if (l->format == COLI_FMT_Q8) coli_matmul_q8_rows(l->q8, l->scale, l->rows, l->cols, j->x, j->s, j->y, b, e);
+    else coli_matmul_q4_rows(l->q4, l->scale, l->rows, l->cols, l->group, j->x, j->s, j->y, b, e);
+}
+
+static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y) {
+    mm_job j = {NULL, w, rows, cols, x, s, y};
+    pool_run(m->pool, mm_rows, &j, rows);
+}
+
+static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
+    if (l->dev) {
+        coli_status st = m->backend->api.matmul(l->dev, x, s, l->cols, y);
+        if (st != COLI_OK) {
+            snprintf(err, errlen, "backend %s: matmul %lldx%lld failed (status %d): %s", m->backend->name,
+                     (long long)l->rows, (long long)l->cols, (int)st, m->backend->api.last_error());
+            return 1;
+        }
+    } else {
+        mm_job j = {l, NULL, l->rows, l->cols, x, s, y};
+        pool_run(m->pool, mm_rows, &j, l->rows);
+    }
+    if (l->bias)
+        for (int64_t t = 0; t < s; t++)
+            for (int64_t r = 0; r < l->rows; r++) y[t * l->rows + r] += l->bias[r];
+    return 0;
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+typedef struct attn_job {
+    const model *m;
+    const layer *ly;
+    const float *q;          /* [n, heads, qk] */
+    const unsigned char *sel; /* [n, total]: key t is attended by query s */
+    int64_t n, t0, total;
+    float scaling;
+    float *out;              /* [n, heads, v] */
+    int failed;
+} attn_job;
+
+static void attn_items(void *ctx, int64_t b, int64_t e) {
+    attn_job *j = ctx;
+    const model_config *c = &j->m->c;
+    const int64_t qk = c->qk_nope + c->qk_rope, H = c->heads, V = c->v_head;
+    float *p = malloc((size_t)j->total * sizeof(float));
+    if (!p) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t it = b; it < e; it++) {
+        int64_t s = it / H, h = it % H, last = j->t0 + s;
+        const float *q = j->q + (s * H + h) * qk;
+        const unsigned char *sel = j->sel + s * j->total;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t <= last; t++) {
+            if (!sel[t]) continue;
+            p[t] = coli_dot_f32(q, j->ly->k_cache + (t * H + h) * qk, qk) * j->scaling;
+            if (p[t] > mx) mx = p[t];
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t <= last; t++)
+            if (sel[t]) {
+                p[t] = expf(p[t] - mx);
+                sum += p[t];
+            }
+        float *o = j->out + (s * H + h) * V;
+        memset(o, 0, (size_t)V * sizeof(float));
+        for (int64_t t = 0; t <= last; t++) {
+            if (!sel[t]) continue;
+            float w = p[t] / sum;
+            const float *v = j->ly->v_cache + (t * H + h) * V;
+            for (int64_t d = 0; d < V; d++) o[d] += w * v[d];
+        }
+    }
+    free(p);
+}
+
+/* DSA: per query, the index_topk keys with the highest indexer score, or every
+ * key it may see when there are no more than that. */
+typedef struct idx_job {
+    const model *m;
+    const layer *ly;
+    const float *iq;  /* [n, index_heads, index_dim] */
+    const float *iw;  /* [n, index_heads], already scaled */
+    int64_t n, t0, total;
+    unsigned char *sel;
+    int failed;
+} idx_job;
+
+typedef struct scored { float score; int64_t t; } scored;
+
+static int by_score_desc(const void *a, const void *b) {
+    const scored *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return x->t < y->t ? -1 : x->t > y->t; /* ties: the earlier key first */
+}
+
+static void idx_items(void *ctx, int64_t b, int64_t e) {
+    idx_job *j = ctx;
+    const model_config *c = &j->m->c;
+    const int64_t D = c->index_head_dim, IH = c->index_heads;
+    const float scale = 1.0f / sqrtf((float)D);
+    scored *sc = malloc((size_t)j->total * sizeof *sc);
+    if (!sc) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t s = b; s < e; s++) {
+        int64_t last = j->t0 + s, valid = last + 1;
+        unsigned char *sel = j->sel + s * j->total;
+        memset(sel, 0, (size_t)j->total);
+        if (valid <= c->index_topk) {
+            memset(sel, 1, (size_t)valid);
+            continue;
+        }
+        for (int64_t t = 0; t < valid; t++) {
+            const float *k = j->ly->ik_cache + t * D;
+            float total = 0.0f;
+            for (int64_t h = 0; h < IH; h++) {
+                float d = coli_dot_f32(j->iq + (s * IH + h) * D, k, D) * scale;
+                total += j->iw[s * IH + h] * (d > 0.0f ? d : 0.0f);
+            }
+            sc[t].score = total;
+            sc[t].t = t;
+        }
+        qsort(sc, (size_t)valid, sizeof *sc, by_score_desc);
+        for (int64_t i = 0; i < c->index_topk; i++) sel[sc[i].t] = 1;
+    }
+    free(sc);
+}
+
+/* ---- MoE routing --------------------------------------------------------- */
+
+/* transformers' GlmMoeDsaTopkRouter for one token: sigmoid scores, a bias for
+ * the choice only, top groups by the sum of their two best, top-k experts. */
+static void route(const model_config *c, const float *logits, const float *bias, int64_t *idx, float *w) {
+    const int64_t E = c->experts, G = c->n_group, per = E / G;
+    float score[1024], choice[1024], gscore[1024];
+    unsigned char group_on[1024];
+    for (int64_t e = 0; e < E; e++) {
+        score[e] = 1.0f / (1.0f + expf(-logits[e]));
+        choice[e] = score[e] + bias[e];
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float a = -INFINITY, b2 = -INFINITY;
+        for (int64_t e = g * per; e < (g + 1) * per; e++) {
+            if (choice[e] > a) { b2 = a; a = choice[e]; }
+            else if (choice[e] > b2) b2 = choice[e];
+        }
+        gscore[g] = a + b2;
+        group_on[g] = 0;
+    }
+    for (int64_t k = 0; k < c->topk_group; k++) {
+        int64_t best = -1;
+        for (int64_t g = 0; g < G; g++)
+            if (!group_on[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        if (best < 0) break;
+        group_on[best] = 1;
+    }
+    unsigned char taken[1024] = {0};
+    for (int64_t k = 0; k < c->experts_per_tok; k++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++)
+            if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
+        if (best < 0) best = 0; /* unreachable: the config check keeps k <= experts in the chosen groups */
+        taken[best] = 1;
+        idx[k] = best;
+        w[k] = score[best];
+    }
+    if (c->norm_topk_prob) {
+        float sum = 0.0f;
+        for (int64_t k = 0; k < c->experts_per_tok; k++) sum += w[k];
+        sum += 1e-20f;
+        for (int64_t k = 0; k < c->experts_per_tok; k++) w[k] /= sum;
+    }
+    for (int64_t k = 0; k < c->experts_per_tok; k++) w[k] *= (float)c->routed_scaling;
+}
+
+/* ---- the forward pass ---------------------------------------------------- */
+
+#define TRY(call) do { if (call) goto fail; } while (0)
+
+static int mlp(model *m, const linear *gate, const linear *up, const linear *down, const float *x, int64_t n,
+               float *g, float *u, float *out, char *err, size_t errlen) {
+    TRY(linear_fwd(m, gate, x, n, g, err, errlen));
+    TRY(linear_fwd(m, up, x, n, u, err, errlen));
+    for (int64_t i = 0; i < n * gate->rows; i++) g[i] = silu(g[i]) * u[i];
+    TRY(linear_fwd(m, down, g, n, out, err, errlen));
+    return 0;
+fail:
+    return 1;
+}
+
+static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, float *u, float *out, float *shared,
+               char *err, size_t errlen) {
+    const model_config *c = &m->c;
+    const int64_t H = c->hidden, I = c->moe_intermediate, K = c->experts_per_tok, E = c->experts;
+    int64_t *idx = malloc((size_t)(n * K) * sizeof *idx), *members = malloc((size_t)n * sizeof *members);
+    float *w = malloc((size_t)(n * K) * sizeof *w), *logits = malloc((size_t)(n * E) * sizeof *logits);
+    float *xin = malloc((size_t)(n * H) * sizeof *xin), *eg = malloc((size_t)(n * I) * sizeof *eg);
+    float *eu = malloc((size_t)(n * I) * sizeof *eu), *eo = malloc((size_t)(n * H) * sizeof *eo);
+    float *wt = malloc((size_t)n * sizeof *wt);
+    int rc = 1;
+    if (!idx || !members || !w || !logits || !xin || !eg || !eu || !eo || !wt) {
+        snprintf(err, errlen, "out of memory in the MoE layer");
+        goto done;
+    }
+    TRY(mlp(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, h, n, g, u, shared, err, errlen));
+    matmul_f32(m, ly->router, E, H, h, n, logits);
+    for (int64_t s = 0; s < n; s++) route(c, logits + s * E, ly->router_bias, idx + s * K, w + s * K);
+    memset(out, 0, (size_t)(n * H) * sizeof *out);
+    /* expert by expert, as transformers adds them, with every token routed to it batched */
+    for (int64_t e = 0; e < E; e++) {
+        int64_t cnt = 0;
+        for (int64_t s = 0; s < n; s++)
+            for (int64_t k = 0; k < K; k++)
+                if (idx[s * K + k] == e) {
+                    members[cnt] = s;
+                    wt[cnt] = w[s * K + k];
+                    memcpy(xin + cnt * H, h + s * H, (size_t)H * sizeof *xin);
+                    cnt++;
+                }
+        if (!cnt) continue;
+        matmul_f32(m, ly->e_gate[e], I, H, xin, cnt, eg);
+        matmul_f32(m, ly->e_up[e], I, H, xin, cnt, eu);
+        for (int64_t i = 0; i < cnt * I; i++) eg[i] = silu(eg[i]) * eu[i];
+        matmul_f32(m, ly->e_down[e], H, I, eg, cnt, eo);
+        for (int64_t r = 0; r < cnt; r++)
+            for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];
+    }
+    for (int64_t i = 0; i < n * H; i++) out[i] += shared[i];
+    rc = 0;
+done:
+fail:
+    free(idx); free(members); free(w); free(logits); free(xin); free(eg); free(eu); free(eo); free(wt);
+    return rc;
+}
+
+int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen) {
+    const model_config *c = &m->c;
+    const int64_t H = c->hidden, qk = c->qk_nope + c->qk_rope, NH = c->heads, V = c->v_head;
+    const int64_t t0 = m->n_pos, total = t0 + n, ID = c->index_head_dim, IH = c->index_heads;
+    const int64_t inter = c->intermediate > c->moe_intermediate * c->shared_experts
+                              ? c->intermediate : c->moe_intermediate * c->shared_experts;
+    int rc = 1;
+    if (n <= 0 || total > m->max_pos) {
+        snprintf(err, errlen, "%lld positions do not fit the cache of %lld", (long long)total, (long long)m->max_pos);
+        return 1;
+    }
+    for (int64_t s = 0; s < n; s++)
+        if (ids[s] < 0 || ids[s] >= c->vocab) {
+            snprintf(err, errlen, "token id %d at position %lld is outside the vocabulary (0..%lld)", ids[s],
+                     (long long)(t0 + s), (long long)(c->vocab - 1));
+            return 1;
+        }
+    float *x = malloc((size_t)(n * H) * sizeof(float)), *h = malloc((size_t)(n * H) * sizeof(float));
+    float *qa = malloc((size_t)(n * c->q_lora) * sizeof(float)), *qr = malloc((size_t)(n * c->q_lora) * sizeof(float));
+    float *q = malloc((size_t)(n * NH * qk) * sizeof(float));
+    float *ckv = malloc((size_t)(n * (c->kv_lora + c->qk_rope)) * sizeof(float));
+    float *kvn = malloc((size_t)(n * c->kv_lora) * sizeof(float));
+    float *kv = malloc((size_t)(n * NH * (c->qk_nope + V)) * sizeof(float));
+    float *att = malloc((size_t)(n * NH * V) * sizeof(float)), *o = malloc((size_t)(n * H) * sizeof(float));
+    float *iq = malloc((size_t)(n * IH * ID) * sizeof(float)), *ik = malloc((size_t)(n * ID) * sizeof(float));
+    float *iw = malloc((size_t)(n * IH) * sizeof(float));
+    float *g = malloc((size_t)(n * inter) * sizeof(float)), *u = malloc((size_t)(n * inter) * sizeof(float));
+    float *sh = malloc((size_t)(n * H) * sizeof(float));
+    unsigned char *sel = malloc((size_t)(n * total));
+    if (!x || !h || !qa || !qr || !q || !ckv || !kvn || !kv || !att || !o || !iq || !ik || !iw || !g || !u || !sh ||
+        !sel) {
+        snprintf(err, errlen, "out of memory for %lld tokens", (long long)n);
+        goto done;
+    }
+    for (int64_t s = 0; s < n; s++) memcpy(x + s * H, m->embed + (int64_t)ids[s] * H, (size_t)H * sizeof(float));
+    const float scaling = 1.0f / sqrtf((float)qk);
+    for (int64_t l = 0; l < c->layers; l++) {
+        layer *ly = &m->layers[l];
+        for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->in_norm, H, (float)c->rms_eps, h + s * H);
+        /* MLA: queries through the q LoRA, keys and values from the compressed latent */
+        TRY(linear_fwd(m, &ly->q_a, h, n, qa, err, errlen));
+        for (int64_t s = 0; s < n; s++) rmsnorm(qa + s * c->q_lora, ly->q_a_norm, c->q_lora, 1e-6f, qr + s * c->q_lora);
+        TRY(linear_fwd(m, &ly->q_b, qr, n, q, err, errlen));
+        TRY(linear_fwd(m, &ly->kv_a, h, n, ckv, err, errlen));
+        const int64_t kvw = c->kv_lora + c->qk_rope;
+        for (int64_t s = 0; s < n; s++) {
+            rmsnorm(ckv + s * kvw, ly->kv_a_norm, c->kv_lora, 1e-6f, kvn + s * c->kv_lora);
+            rope(ckv + s * kvw + c->kv_lora, c->qk_rope, m->inv_freq, t0 + s);
+            for (int64_t hh = 0; hh < NH; hh++) rope(q + (s * NH + hh) * qk + c->qk_nope, c->qk_rope, m->inv_freq, t0 + s);
+        }
+        TRY(linear_fwd(m, &ly->kv_b, kvn, n, kv, err, errlen));
+        for (int64_t s = 0; s < n; s++) {
+            int64_t p = t0 + s;
+            for (int64_t hh = 0; hh < NH; hh++) {
+                float *k = ly->k_cache + (p * NH + hh) * qk;
+                const float *src = kv + (s * NH + hh) * (c->qk_nope + V);
+                memcpy(k, src, (size_t)c->qk_nope * sizeof(float));
+                memcpy(k + c->qk_nope, ckv + s * kvw + c->kv_lora, (size_t)c->qk_rope * sizeof(float));
+                memcpy(ly->v_cache + (p * NH + hh) * V, src + c->qk_nope, (size_t)V * sizeof(float));
+            }
+        }
+        if (c->indexer_full[l]) {
+            TRY(linear_fwd(m, &ly->idx_q, qr, n, iq, err, errlen));
+            TRY(linear_fwd(m, &ly->idx_k, h, n, ik, err, errlen));
+            matmul_f32(m, ly->idx_weights, IH, H, h, n, iw);
+            const float wscale = 1.0f / sqrtf((float)IH);
+            for (int64_t s = 0; s < n; s++) {
+                layernorm(ik + s * ID, ly->idx_k_norm_w, ly->idx_k_norm_b, ID, 1e-6f);
+                rope(ik + s * ID, c->qk_rope, m->inv_freq, t0 + s);
+                memcpy(ly->ik_cache + (t0 + s) * ID, ik + s * ID, (size_t)ID * sizeof(float));
+                for (int64_t hh = 0; hh < IH; hh++) rope(iq + (s * IH + hh) * ID, c->qk_rope, m->inv_freq, t0 + s);
+                for (int64_t hh = 0; hh < IH; hh++) iw[s * IH + hh] *= wscale;
+            }
+            idx_job ij = {m, ly, iq, iw, n, t0, total, sel, 0};
+            pool_run(m->pool, idx_items, &ij, n);
+            if (ij.failed) {
+                snprintf(err, errlen, "out of memory in the indexer");
+                goto done;
+            }
+        } /* a "shared" layer keeps the selection of the last full layer */
+        attn_job aj = {m, ly, q, sel, n, t0, total, scaling, att, 0};
+        pool_run(m->pool, attn_items, &aj, n * NH);
+        if (aj.failed) {
+            snprintf(err, errlen, "out of memory in attention");
+            goto done;
+        }
+        TRY(linear_fwd(m, &ly->o, att, n, o, err, errlen));
+        for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
+        for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->post_norm, H, (float)c->rms_eps, h + s * H);
+        if (c->mlp_sparse[l]) TRY(moe(m, ly, h, n, g, u, o, sh, err, errlen));
+        else TRY(mlp(m, &ly->gate, &ly->up, &ly->down, h, n, g, u, o, err, errlen));
+        for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
+    }
+    for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, m->final_norm, H, (float)c->rms_eps, h + s * H);
+    TRY(linear_fwd(m, &m->lm_head, h, n, logits, err, errlen));
+    m->n_pos = total;
+    rc = 0;
+done:
+fail:
+    free(x); free(h); free(qa); free(qr); free(q); free(ckv); free(kvn); free(kv); free(att); free(o);
+    free(iq); free(ik); free(iw); free(g); free(u); free(sh); free(sel);
+    return rc;
+}

@@ -1,0 +1,566 @@
+/* Reading config.json and the weights into a model. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+#include "json.h"
+#include "model.h"
+
+#define Q4_GROUP 32
+
+typedef struct loader_ctx {
+    model *m;
+    char *err;
+    size_t errlen;
+    const char *config_path;
+} loader_ctx;
+
+/* ---- config.json ------------------------------------------------------ */
+
+static int cfg_int(loader_ctx *L, const json_value *cfg, const char *key, int required, int64_t dflt, int64_t min,
+                   int64_t *out) {
+    const json_value *v = json_get(cfg, key);
+    if (!v || v->type == JSON_NULL) {
+        if (required) {
+            snprintf(L->err, L->errlen, "%s: key '%s' is missing", L->config_path, key);
+            return 1;
+        }
+        *out = dflt;
+        return 0;
+    }
+    if (v->type != JSON_NUMBER || !v->is_integer) {
+        snprintf(L->err, L->errlen, "%s: key '%s' must be an integer, got %s", L->config_path, key,
+                 v->type == JSON_NUMBER ? "a fraction" : json_type_name(v->type));
+        return 1;
+    }
+    if (v->integer < min || v->integer > ((int64_t)1 << 31)) {
+        snprintf(L->err, L->errlen, "%s: key '%s' is %lld, must be in %lld..2^31", L->config_path, key,
+                 (long long)v->integer, (long long)min);
+        return 1;
+    }
+    *out = v->integer;
+    return 0;
+}
+
+static int cfg_num(loader_ctx *L, const json_value *obj, const char *key, double dflt, double *out) {
+    const json_value *v = json_get(obj, key);
+    if (!v || v->type == JSON_NULL) {
+        *out = dflt;
+        return 0;
+    }
+    if (v->type != JSON_NUMBER) {
+        snprintf(L->err, L->errlen, "%s: key '%s' must be a number, got %s", L->config_path, key,
+                 json_type_name(v->type));
+        return 1;
+    }
+    *out = v->number;
+    return 0;
+}
+
+static int cfg_bool(loader_ctx *L, const json_value *cfg, const char *key, int dflt, int *out) {
+    const json_value *v = json_get(cfg, key);
+    if (!v || v->type == JSON_NULL) {
+        *out = dflt;
+        return 0;
+    }
+    if (v->type != JSON_BOOL) {
+        snprintf(L->err, L->errlen, "%s: key '%s' must be true or false, got %s", L->config_path, key,
+                 json_type_name(v->type));
+        return 1;
+    }
+    *out = v->boolean;
+    return 0;
+}
+
+/* A per-layer list of two words; absent: filled by `dflt(i)`. */
+static int cfg_pattern(loader_ctx *L, const json_value *cfg, const char *key, const char *one, const char *zero,
+                       int64_t layers, char *out, int64_t first_dense) {
+    const json_value *v = json_get(cfg, key);
+    if (!v || v->type == JSON_NULL) {
+        for (int64_t i = 0; i < layers; i++) out[i] = first_dense >= 0 ? (char)(i >= first_dense) : 1;
+        return 0;
+    }
+    if (v->type != JSON_ARRAY || (int64_t)v->count != layers) {
+        snprintf(L->err, L->errlen, "%s: key '%s' must be a list of %lld strings", L->config_path, key,
+                 (long long)layers);
+        return 1;
+    }
+    for (int64_t i = 0; i < layers; i++) {
+        const json_value *e = &v->items[i];
+        if (e->type == JSON_STRING && strcmp(e->string, one) == 0) out[i] = 1;
+        else if (e->type == JSON_STRING && strcmp(e->string, zero) == 0) out[i] = 0;
+        else {
+            snprintf(L->err, L->errlen, "%s: %s[%lld] must be \"%s\" or \"%s\"", L->config_path, key, (long long)i,
+                     one, zero);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int parse_config(loader_ctx *L, const json_value *cfg) {
+    model_config *c = &L->m->c;
+    const json_value *mt = json_get(cfg, "model_type");
+    if (cfg->type != JSON_OBJECT) {
+        snprintf(L->err, L->errlen, "%s: not a JSON object", L->config_path);
+        return 1;
+    }
+    if (!mt || mt->type != JSON_STRING || strcmp(mt->string, "glm_moe_dsa") != 0) {
+        snprintf(L->err, L->errlen, "%s: model_type %s%s%s is not supported (supported: glm_moe_dsa)", L->config_path,
+                 mt && mt->type == JSON_STRING ? "'" : "", mt && mt->type == JSON_STRING ? mt->string : "missing",
+                 mt && mt->type == JSON_STRING ? "'" : "");
+        return 1;
+    }
+    const json_value *act = json_get(cfg, "hidden_act");
+    if (act && !(act->type == JSON_STRING && strcmp(act->string, "silu") == 0)) {
+        snprintf(L->err, L->errlen, "%s: hidden_act must be \"silu\"", L->config_path);
+        return 1;
+    }
+    int64_t first_dense, kv_heads;
+    if (cfg_int(L, cfg, "vocab_size", 1, 0, 1, &c->vocab) || cfg_int(L, cfg, "hidden_size", 1, 0, 1, &c->hidden) ||
+        cfg_int(L, cfg, "intermediate_size", 1, 0, 1, &c->intermediate) ||
+        cfg_int(L, cfg, "moe_intermediate_size", 1, 0, 1, &c->moe_intermediate) ||
+        cfg_int(L, cfg, "num_hidden_layers", 1, 0, 1, &c->layers) ||
+        cfg_int(L, cfg, "num_attention_heads", 1, 0, 1, &c->heads) ||
+        cfg_int(L, cfg, "num_key_value_heads", 0, c->heads, 1, &kv_heads) ||
+        cfg_int(L, cfg, "q_lora_rank", 1, 0, 1, &c->q_lora) || cfg_int(L, cfg, "kv_lora_rank", 1, 0, 1, &c->kv_lora) ||
+        cfg_int(L, cfg, "qk_nope_head_dim", 1, 0, 1, &c->qk_nope) ||
+        cfg_int(L, cfg, "qk_rope_head_dim", 1, 0, 2, &c->qk_rope) ||
+        cfg_int(L, cfg, "v_head_dim", 1, 0, 1, &c->v_head) ||
+        cfg_int(L, cfg, "n_routed_experts", 1, 0, 1, &c->experts) ||
+        cfg_int(L, cfg, "num_experts_per_tok", 1, 0, 1, &c->experts_per_tok) ||
+        cfg_int(L, cfg, "n_shared_experts", 0, 1, 0, &c->shared_experts) ||
+        cfg_int(L, cfg, "n_group", 0, 1, 1, &c->n_group) || cfg_int(L, cfg, "topk_group", 0, 1, 1, &c->topk_group) ||
+        cfg_int(L, cfg, "index_topk", 1, 0, 1, &c->index_topk) ||
+        cfg_int(L, cfg, "index_head_dim", 1, 0, 1, &c->index_head_dim) ||
+        cfg_int(L, cfg, "index_n_heads", 1, 0, 1, &c->index_heads) ||
+        cfg_int(L, cfg, "first_k_dense_replace", 0, 3, 0, &first_dense) ||
+        cfg_bool(L, cfg, "norm_topk_prob", 1, &c->norm_topk_prob) ||
+        cfg_bool(L, cfg, "tie_word_embeddings", 0, &c->tie_embeddings) ||
+        cfg_bool(L, cfg, "attention_bias", 0, &c->attention_bias) ||
+        cfg_num(L, cfg, "rms_norm_eps", 1e-5, &c->rms_eps) ||
+        cfg_num(L, cfg, "routed_scaling_factor", 2.5, &c->routed_scaling))
+        return 1;
+    if (kv_heads != c->heads) {
+        snprintf(L->err, L->errlen, "%s: num_key_value_heads %lld must equal num_attention_heads %lld (MLA)",
+                 L->config_path, (long long)kv_heads, (long long)c->heads);
+        return 1;
+    }
+    if (c->qk_rope % 2 || c->index_head_dim < c->qk_rope || c->qk_rope > 512) {
+        snprintf(L->err, L->errlen, "%s: qk_rope_head_dim must be even, at most 512 and at most index_head_dim",
+                 L->config_path);
+        return 1;
+    }
+    if (c->experts > 1024 || c->experts % c->n_group || c->experts / c->n_group < 2 || c->topk_group > c->n_group ||
+        c->experts_per_tok > c->topk_group * (c->experts / c->n_group)) {
+        snprintf(L->err, L->errlen,
+                 "%s: n_routed_experts (at most 1024) must split into n_group groups of 2 or more, topk_group <= "
+                 "n_group and num_experts_per_tok at most the experts of topk_group groups",
+                 L->config_path);
+        return 1;
+    }
+    const json_value *rope = json_get(cfg, "rope_parameters");
+    c->rope_theta = 10000.0;
+    if (rope && rope->type == JSON_OBJECT) {
+        const json_value *type = json_get(rope, "rope_type");
+        if (type && !(type->type == JSON_STRING && strcmp(type->string, "default") == 0)) {
+            snprintf(L->err, L->errlen, "%s: rope_parameters.rope_type %s is not supported (supported: default)",
+                     L->config_path, type->type == JSON_STRING ? type->string : "of the wrong type");
+            return 1;
+        }
+        if (cfg_num(L, rope, "rope_theta", 10000.0, &c->rope_theta)) return 1;
+    } else if (rope && rope->type != JSON_NULL) {
+        snprintf(L->err, L->errlen, "%s: rope_parameters must be an object", L->config_path);
+        return 1;
+    } else if (cfg_num(L, cfg, "rope_theta", 10000.0, &c->rope_theta)) {
+        return 1;
+    }
+    c->mlp_sparse = malloc((size_t)c->layers);
+    c->indexer_full = malloc((size_t)c->layers);
+    if (!c->mlp_sparse || !c->indexer_full) {
+        snprintf(L->err, L->errlen, "out of memory");
+        return 1;
+    }
+    if (cfg_pattern(L, cfg, "mlp_layer_types", "sparse", "dense", c->layers, c->mlp_sparse, first_dense) ||
+        cfg_pattern(L, cfg, "indexer_types", "full", "shared", c->layers, c->indexer_full, -1))
+        return 1;
+    if (!c->indexer_full[0]) {
+        snprintf(L->err, L->errlen, "%s: indexer_types[0] is \"shared\" but no earlier layer has an indexer",
+                 L->config_path);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- tensors ---------------------------------------------------------- */
+
+static const st_tensor *need(loader_ctx *L, const char *name, int64_t d0, int64_t d1) {
+    const st_tensor *t = st_find(&L->m->st, name);
+    if (!t) {
+        snprintf(L->err, L->errlen, "%s: tensor '%s' is missing", L->m->st.files[0].path, name);
+        return NULL;
+    }
+    int ndim = d1 ? 2 : 1;
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        char got[96] = "", want[64];
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (ndim == 2) snprintf(want, sizeof want, "%lld, %lld", (long long)d0, (long long)d1);
+        else snprintf(want, sizeof want, "%lld", (long long)d0);
+        snprintf(L->err, L->errlen, "%s: tensor '%s' has shape [%s], the config needs [%s]", t->file, name, got, want);
+        return NULL;
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16) {
+        snprintf(L->err, L->errlen, "%s: tensor '%s' has dtype %s; supported: F32, F16, BF16", t->file, name,
+                 st_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}
+
+/* float32 copy (or the mapped bytes themselves when already aligned F32). */
+static const float *as_f32(loader_ctx *L, const st_tensor *t, float **owned) {
+    *owned = NULL;
+    if (t->dtype == ST_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) return (const float *)t->data;
+    *owned = malloc((size_t)t->numel * sizeof(float));
+    if (!*owned) {
+        snprintf(L->err, L->errlen, "out of memory for tensor '%s'", t->name);
+        return NULL;
+    }
+    if (st_to_f32(t, *owned, L->err, L->errlen)) {
+        free(*owned);
+        *owned = NULL;
+        return NULL;
+    }
+    return *owned;
+}
+
+static float *vec(loader_ctx *L, const char *name, int64_t n) {
+    const st_tensor *t = need(L, name, n, 0);
+    float *owned = NULL;
+    if (!t) return NULL;
+    const float *p = as_f32(L, t, &owned);
+    if (!p) return NULL;
+    if (!owned) {
+        owned = malloc((size_t)n * sizeof(float));
+        if (!owned) {
+            snprintf(L->err, L->errlen, "out of memory");
+            return NULL;
+        }
+        memcpy(owned, p, (size_t)n * sizeof(float));
+    }
+    return owned;
+}
+
+/* A float32 matrix kept as it is (router, indexer head weights, routed experts):
+ * with copy = 0 mapped F32 data is used in place, and *converted says whether the
+ * result is a new allocation. */
+static float *mat_f32_ex(loader_ctx *L, const char *name, int64_t rows, int64_t cols, int copy, int *converted);
+
+static float *mat_f32(loader_ctx *L, const char *name, int64_t rows, int64_t cols, int copy) {
+    int converted;
+    return mat_f32_ex(L, name, rows, cols, copy, &converted);
+}
+
+static float *mat_f32_ex(loader_ctx *L, const char *name, int64_t rows, int64_t cols, int copy, int *converted) {
+    const st_tensor *t = need(L, name, rows, cols);
+    float *owned = NULL;
+    if (!t) return NULL;
+    const float *p = as_f32(L, t, &owned);
+    if (!p) return NULL;
+    *converted = owned != NULL;
+    if (owned || !copy) return owned ? owned : (float *)(uintptr_t)p;
+    *converted = 1;
+    owned = malloc((size_t)(rows * cols) * sizeof(float));
+    if (!owned) {
+        snprintf(L->err, L->errlen, "out of memory");
+        return NULL;
+    }
+    memcpy(owned, p, (size_t)(rows * cols) * sizeof(float));
+    return owned;
+}
+
+static int32_t q4_group(int64_t cols) {
+    for (int32_t g = Q4_GROUP; g >= 2; g /= 2)
+        if (cols % g == 0) return g;
+    return 0;
+}
+
+/* Upload to the backend; on success the host copy is released. */
+static void offload(loader_ctx *L, linear *l) {
+    coli_backend *b = L->m->backend;
+    coli_status st;
+    if (!b) return;
+    if (l->format == COLI_FMT_F32) st = b->api.tensor_upload_f32(l->w, l->rows, l->cols, &l->dev);
+    else if (l->format == COLI_FMT_Q8) st = b->api.tensor_upload_q8(l->q8, l->scale, l->rows, l->cols, &l->dev);
+    else st = b->api.tensor_upload_q4(l->q4, l->scale, l->rows, l->cols, l->group, &l->dev);
+    if (st != COLI_OK) {
+        l->dev = 0; /* this tensor stays on the CPU */
+        return;
+    }
+    L->m->resident++;
+    free(l->owned);
+    free(l->q8);
+    free(l->q4);
+    free(l->scale);
+    l->owned = NULL;
+    l->q8 = NULL;
+    l->q4 = NULL;
+    l->scale = NULL;
+    l->w = NULL;
+}
+
+static int dense(loader_ctx *L, linear *l, const char *name, int64_t rows, int64_t cols, const char *bias) {
+    const st_tensor *t = need(L, name, rows, cols);
+    memset(l, 0, sizeof *l);
+    if (!t) return 1;
+    l->rows = rows;
+    l->cols = cols;
+    float *owned = NULL;
+    const float *w = as_f32(L, t, &owned);
+    if (!w) return 1;
+    quant_mode q = L->m->quant;
+    if (q == QUANT_INT4 && !q4_group(cols)) q = QUANT_INT8; /* an odd width cannot hold int4 pairs */
+    if (q == QUANT_F32) {
+        l->format = COLI_FMT_F32;
+        l->w = w;
+        l->owned = owned;
+    } else if (q == QUANT_INT8) {
+        l->format = COLI_FMT_Q8;
+        l->q8 = malloc((size_t)(rows * cols));
+        l->scale = malloc((size_t)rows * sizeof(float));
+        if (l->q8 && l->scale) coli_quantize_q8(w, rows, cols, l->q8, l->scale);
+        free(owned);
+        if (!l->q8 || !l->scale) {
+            snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
+            return 1;
+        }
+    } else {
+        l->format = COLI_FMT_Q4;
+        l->group = q4_group(cols);
+        l->q4 = malloc((size_t)(rows * cols / 2));
+        l->scale = malloc((size_t)(rows * (cols / l->group)) * sizeof(float));
+        if (l->q4 && l->scale) coli_quantize_q4(w, rows, cols, l->group, l->q4, l->scale);
+        free(owned);
+        if (!l->q4 || !l->scale) {
+            snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
+            return 1;
+        }
+    }
+    if (bias) {
+        l->bias = vec(L, bias, rows);
+        if (!l->bias) return 1;
+    }
+    offload(L, l);
+    return 0;
+}
+
+static int load_layer(loader_ctx *L, int64_t i) {
+    model *m = L->m;
+    const model_config *c = &m->c;
+    layer *ly = &m->layers[i];
+    char p[64], n[400], b[400];
+    const int64_t qk = c->qk_nope + c->qk_rope;
+    snprintf(p, sizeof p, "model.layers.%lld.", (long long)i);
+#define NAME(suffix) (snprintf(n, sizeof n, "%s%s", p, suffix), n)
+#define BIAS(suffix) (c->attention_bias ? (snprintf(b, sizeof b, "%s%s", p, suffix), b) : NULL)
+    if (!(ly->in_norm = vec(L, NAME("input_layernorm.weight"), c->hidden))) return 1;
+    if (!(ly->post_norm = vec(L, NAME("post_attention_layernorm.weight"), c->hidden))) return 1;
+    if (!(ly->q_a_norm = vec(L, NAME("self_attn.q_a_layernorm.weight"), c->q_lora))) return 1;
+    if (!(ly->kv_a_norm = vec(L, NAME("self_attn.kv_a_layernorm.weight"), c->kv_lora))) return 1;
+    if (dense(L, &ly->q_a, NAME("self_attn.q_a_proj.weight"), c->q_lora, c->hidden, BIAS("self_attn.q_a_proj.bias")) ||
+        dense(L, &ly->q_b, NAME("self_attn.q_b_proj.weight"), c->heads * qk, c->q_lora, NULL) ||
+        dense(L, &ly->kv_a, NAME("self_attn.kv_a_proj_with_mqa.weight"), c->kv_lora + c->qk_rope, c->hidden,
+              BIAS("self_attn.kv_a_proj_with_mqa.bias")) ||
+        dense(L, &ly->kv_b, NAME("self_attn.kv_b_proj.weight"), c->heads * (c->qk_nope + c->v_head), c->kv_lora, NULL) ||
+        dense(L, &ly->o, NAME("self_attn.o_proj.weight"), c->hidden, c->heads * c->v_head, BIAS("self_attn.o_proj.bias")))
+        return 1;
+    if (c->indexer_full[i]) {
+        if (dense(L, &ly->idx_q, NAME("self_attn.indexer.wq_b.weight"), c->index_heads * c->index_head_dim, c->q_lora,
+                  NULL) ||
+            dense(L, &ly->idx_k, NAME("self_attn.indexer.wk.weight"), c->index_head_dim, c->hidden, NULL))
+            return 1;
+        if (!(ly->idx_k_norm_w = vec(L, NAME("self_attn.indexer.k_norm.weight"), c->index_head_dim))) return 1;
+        if (!(ly->idx_k_norm_b = vec(L, NAME("self_attn.indexer.k_norm.bias"), c->index_head_dim))) return 1;
+        if (!(ly->idx_weights = mat_f32(L, NAME("self_attn.indexer.weights_proj.weight"), c->index_heads, c->hidden, 1)))
+            return 1;
+    }
+    if (!c->mlp_sparse[i]) {
+        return dense(L, &ly->gate, NAME("mlp.gate_proj.weight"), c->intermediate, c->hidden, NULL) ||
+               dense(L, &ly->up, NAME("mlp.up_proj.weight"), c->intermediate, c->hidden, NULL) ||
+               dense(L, &ly->down, NAME("mlp.down_proj.weight"), c->hidden, c->intermediate, NULL);
+    }
+    const int64_t I = c->moe_intermediate, S = c->moe_intermediate * c->shared_experts;
+    if (!(ly->router = mat_f32(L, NAME("mlp.gate.weight"), c->experts, c->hidden, 1))) return 1;
+    if (!(ly->router_bias = vec(L, NAME("mlp.gate.e_score_correction_bias"), c->experts))) return 1;
+    ly->e_gate = calloc((size_t)c->experts, sizeof(float *));
+    ly->e_up = calloc((size_t)c->experts, sizeof(float *));
+    ly->e_down = calloc((size_t)c->experts, sizeof(float *));
+    ly->e_owned = calloc((size_t)c->experts * 3, sizeof(float *));
+    if (!ly->e_gate || !ly->e_up || !ly->e_down || !ly->e_owned) {
+        snprintf(L->err, L->errlen, "out of memory");
+        return 1;
+    }
+    char e[128];
+    snprintf(e, sizeof e, "%smlp.experts.0.gate_proj.weight", p);
+    if (st_find(&m->st, e)) {
+        static const char *parts[] = {"gate_proj", "up_proj", "down_proj"};
+        for (int64_t j = 0; j < c->experts; j++)
+            for (int k = 0; k < 3; k++) {
+                int converted = 0;
+                snprintf(e, sizeof e, "mlp.experts.%lld.%s.weight", (long long)j, parts[k]);
+                float *w = mat_f32_ex(L, NAME(e), k == 2 ? c->hidden : I, k == 2 ? I : c->hidden, 0, &converted);
+                if (!w) return 1;
+                if (converted) ly->e_owned[ly->n_owned++] = w;
+                (k == 0 ? ly->e_gate : k == 1 ? ly->e_up : ly->e_down)[j] = w;
+            }
+    } else {
+        /* transformers' in-memory layout: gate_up_proj [E, 2I, H], down_proj [E, H, I] */
+        const st_tensor *gu = st_find(&m->st, NAME("mlp.experts.gate_up_proj"));
+        const st_tensor *dn = st_find(&m->st, (snprintf(b, sizeof b, "%smlp.experts.down_proj", p), b));
+        if (!gu || !dn || gu->ndim != 3 || dn->ndim != 3 || gu->shape[0] != c->experts || gu->shape[1] != 2 * I ||
+            gu->shape[2] != c->hidden || dn->shape[0] != c->experts || dn->shape[1] != c->hidden || dn->shape[2] != I) {
+            snprintf(L->err, L->errlen, "%s: tensor '%smlp.experts.0.gate_proj.weight' is missing (nor are fused "
+                     "experts of shape [%lld, %lld, %lld] there)", m->st.files[0].path, p, (long long)c->experts,
+                     (long long)(2 * I), (long long)c->hidden);
+            return 1;
+        }
+        float *gu_owned, *dn_owned;
+        const float *gup = as_f32(L, gu, &gu_owned), *dnp = as_f32(L, dn, &dn_owned);
+        if (gu_owned) ly->e_owned[ly->n_owned++] = gu_owned;
+        if (dn_owned) ly->e_owned[ly->n_owned++] = dn_owned;
+        if (!gup || !dnp) return 1;
+        for (int64_t j = 0; j < c->experts; j++) {
+            ly->e_gate[j] = (float *)(uintptr_t)(gup + j * 2 * I * c->hidden);
+            ly->e_up[j] = (float *)(uintptr_t)(gup + j * 2 * I * c->hidden + I * c->hidden);
+            ly->e_down[j] = (float *)(uintptr_t)(dnp + j * c->hidden * I);
+        }
+    }
+    return dense(L, &ly->sh_gate, NAME("mlp.shared_experts.gate_proj.weight"), S, c->hidden, NULL) ||
+           dense(L, &ly->sh_up, NAME("mlp.shared_experts.up_proj.weight"), S, c->hidden, NULL) ||
+           dense(L, &ly->sh_down, NAME("mlp.shared_experts.down_proj.weight"), c->hidden, S, NULL);
+#undef NAME
+#undef BIAS
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            if (cap > (16u << 20)) break;
+            char *nb = realloc(buf, cap ? cap * 2 : 4096);
+            if (!nb) break;
+            buf = nb;
+            cap = cap ? cap * 2 : 4096;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        if (!got) break;
+        n += got;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_backend *backend, int64_t max_pos,
+               char *err, size_t errlen) {
+    char path[4200], jerr[256];
+    loader_ctx L = {m, err, errlen, path};
+    json_value *cfg = NULL;
+    size_t len = 0;
+    memset(m, 0, sizeof *m);
+    m->quant = quant;
+    m->backend = backend;
+    m->max_pos = max_pos;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = slurp(path, &len);
+    if (!text) {
+        snprintf(err, errlen, "%s: cannot read", path);
+        return 1;
+    }
+    int rc = json_parse(text, len, &cfg, jerr, sizeof jerr);
+    free(text);
+    if (rc) {
+        snprintf(err, errlen, "%s: %s", path, jerr);
+        return 1;
+    }
+    rc = parse_config(&L, cfg);
+    json_free(cfg);
+    if (rc) return 1;
+    if (st_set_open(dir, &m->st, err, errlen)) return 1;
+    const model_config *c = &m->c;
+    m->layers = calloc((size_t)c->layers, sizeof *m->layers);
+    m->inv_freq = malloc((size_t)(c->qk_rope / 2) * sizeof(float));
+    if (!m->layers || !m->inv_freq) {
+        snprintf(err, errlen, "out of memory");
+        return 1;
+    }
+    /* as transformers computes it, in float32 */
+    for (int64_t i = 0; i < c->qk_rope / 2; i++)
+        m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->qk_rope);
+    int converted = 0;
+    if (!(m->embed = mat_f32_ex(&L, "model.embed_tokens.weight", c->vocab, c->hidden, 0, &converted))) return 1;
+    if (converted) m->embed_owned = m->embed;
+    if (!(m->final_norm = vec(&L, "model.norm.weight", c->hidden))) return 1;
+    const char *head = c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    if (dense(&L, &m->lm_head, head, c->vocab, c->hidden, NULL)) return 1;
+    for (int64_t i = 0; i < c->layers; i++)
+        if (load_layer(&L, i)) return 1;
+    const int64_t qk = c->qk_nope + c->qk_rope;
+    for (int64_t i = 0; i < c->layers; i++) {
+        layer *ly = &m->layers[i];
+        ly->k_cache = malloc((size_t)(max_pos * c->heads * qk) * sizeof(float));
+        ly->v_cache = malloc((size_t)(max_pos * c->heads * c->v_head) * sizeof(float));
+        ly->ik_cache = malloc((size_t)(max_pos * c->index_head_dim) * sizeof(float));
+        if (!ly->k_cache || !ly->v_cache || !ly->ik_cache) {
+            snprintf(err, errlen, "out of memory for a KV cache of %lld positions", (long long)max_pos);
+            return 1;
+        }
+    }
+    m->pool = pool_create(threads);
+    if (backend && backend->api.backend_set_threads) backend->api.backend_set_threads(threads);
+    return 0;
+}
+
+static void linear_free(model *m, linear *l) {
+    if (l->dev && m->backend) m->backend->api.tensor_free(l->dev);
+    free(l->owned);
+    free(l->q8);
+    free(l->q4);
+    free(l->scale);
+    free(l->bias);
+}
+
+void model_free(model *m) {
+    const model_config *c = &m->c;
+    if (m->layers) {
+        for (int64_t i = 0; i < c->layers; i++) {
+            layer *ly = &m->layers[i];
+            linear *ls[] = {&ly->q_a, &ly->q_b, &ly->kv_a, &ly->kv_b, &ly->o, &ly->idx_q, &ly->idx_k,
+                            &ly->gate, &ly->up, &ly->down, &ly->sh_gate, &ly->sh_up, &ly->sh_down};
+            for (size_t k = 0; k < sizeof ls / sizeof ls[0]; k++) linear_free(m, ls[k]);
+            free(ly->in_norm); free(ly->post_norm); free(ly->q_a_norm); free(ly->kv_a_norm);
+            free(ly->idx_k_norm_w); free(ly->idx_k_norm_b); free(ly->idx_weights);
+            free(ly->router); free(ly->router_bias);
+            for (int64_t k = 0; k < ly->n_owned; k++) free(ly->e_owned[k]);
+            free(ly->e_owned);
+            free(ly->e_gate); free(ly->e_up); free(ly->e_down);
+            free(ly->k_cache); free(ly->v_cache); free(ly->ik_cache);
+        }
+        free(m->layers);
+    }
+    linear_free(m, &m->lm_head);
+    free(m->embed_owned);
+    free(m->final_norm);
+    free(m->inv_freq);
+    free(c->mlp_sparse);
+    free(c->indexer_full);
+    pool_destroy(m->pool);
+    st_set_close(&m->st);
+    memset(m, 0, sizeof *m);
+}
