@@ -14,8 +14,8 @@ mkdir -p "$out"
   nvcc --version | tail -1
 } | tee "$out/device.txt"
 inc="-Ibuild/gen -Ikernels -Iengine"
-gcc -std=c11 -O2 -Wall -Wextra $inc engine/main.c engine/loader.c engine/selftest.c engine/json_out.c \
-  kernels/cpu_ops.c -lm -o "$work/coli" || exit 1
+gcc -std=c11 -O2 -Wall -Wextra $inc engine/*.c \
+  kernels/cpu_ops.c -lm -lpthread -o "$work/coli" || exit 1
 nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
   -Xlinker --version-script=build/gen/coli_backend.map \
   -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \

@@ -20,8 +20,28 @@ __all__ = [
     "sanitized_env",
 ]
 
-HOST_SOURCES = ("engine/main.c", "engine/loader.c", "engine/selftest.c", "engine/json_out.c", "kernels/cpu_ops.c")
-HOST_HEADERS = ("engine/loader.h", "engine/selftest.h", "engine/json_out.h", "kernels/cpu_ops.h")
+HOST_SOURCES = (
+    "engine/main.c",
+    "engine/loader.c",
+    "engine/selftest.c",
+    "engine/json_out.c",
+    "engine/json.c",
+    "engine/safetensors.c",
+    "engine/model_load.c",
+    "engine/model_forward.c",
+    "engine/pool.c",
+    "kernels/cpu_ops.c",
+)
+HOST_HEADERS = (
+    "engine/loader.h",
+    "engine/selftest.h",
+    "engine/json_out.h",
+    "engine/json.h",
+    "engine/safetensors.h",
+    "engine/model.h",
+    "engine/pool.h",
+    "kernels/cpu_ops.h",
+)
 REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
 GPU_SOURCES = ("kernels/backend_gpu.cu",)
 BACKEND_HEADERS = ("kernels/backend_common.h", "kernels/cpu_ops.h", "kernels/gpu_compat.h")
@@ -100,7 +120,7 @@ def host_command(plan: Plan, output: Path) -> Command:
         argv += ["-static", "-Wl,--no-insert-timestamp"]
     else:
         argv += ["-Wl,--build-id=none"]
-    argv += ["-lm"]
+    argv += ["-lm", "-lpthread"]
     return Command(tuple(argv), output)
 
 

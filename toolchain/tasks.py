@@ -29,7 +29,7 @@ from .plan import BackendSpec, Plan, make_plan
 from .probe import Prober
 from .report import ColiReporter
 from .revision import source_revision
-from .validate import Validation, run_selftest
+from .validate import Validation, format_validation, validate_backend, validate_host
 from .verify import format_table, verify_artifact
 
 __all__ = ["doit_config", "load_plan", "make_tasks"]
@@ -187,7 +187,7 @@ class _Graph:
 
     def _print_config(self) -> None:
         rc = self.plan.rc
-        data = rc.config.model_dump(mode="json")
+        data = rc.config.model_dump(mode="json", by_alias=True)
         print(f"# config file: {rc.file}")
 
         def walk(node: Any, prefix: str) -> None:
@@ -278,35 +278,79 @@ class _Graph:
             return []
         return [str(wine.path)]
 
+    def host_path(self, path: Path) -> str:
+        """A path as the host executable sees it: Wine maps the Unix root to drive Z:."""
+        return "Z:" + str(path).replace("/", "\\") if self.plan.windows else str(path)
+
+    def models(self) -> list[Path]:
+        return [self.root / m for m in self.plan.rc.config.validate_.models]
+
+    def model_files(self) -> list[Path]:
+        return sorted(f for m in self.models() for f in m.iterdir() if f.is_file())
+
+    def validate_host_json(self) -> Path:
+        return self.plan.build_dir / self.plan.platform / "reports" / "validate-host.json"
+
     def task_validate(self) -> Iterator[dict[str, Any]]:
-        """Run the host against each backend: every op checked against the CPU path (not run without a device)."""
+        """Run the engine: CPU vs the oracle models, and each backend vs the CPU at every weight format."""
+        state = {
+            "launcher": self.launcher(),
+            "models": [str(m) for m in self.models()],
+            "quants": list(self.plan.rc.config.validate_.quants),
+        }
+        yield _task(
+            name=f"{self.plan.platform}-host",
+            actions=[_guard(self._validate_host)],
+            file_dep=[self.plan.host_exe, self.verify_json("host"), *self.model_files()],
+            targets=[self.validate_host_json()],
+            uptodate=[config_changed(state)],
+            verbosity=2,
+        )
         for spec in self.plan.backends:
             out = self.validate_json(spec)
             lib = self.plan.backend_lib(spec)
             yield _task(
                 name=spec.task,
-                actions=[_guard(self._validate, spec, out)],
-                file_dep=[self.plan.host_exe, lib, self.verify_json("host"), self.verify_json(spec.key)],
+                actions=[_guard(self._validate_backend, spec, out)],
+                file_dep=[
+                    self.plan.host_exe,
+                    lib,
+                    self.verify_json("host"),
+                    self.verify_json(spec.key),
+                    *self.model_files(),
+                ],
                 targets=[out],
-                uptodate=[config_changed({"launcher": self.launcher()})],
+                uptodate=[config_changed(state)],
                 verbosity=2,
             )
 
-    def _validate(self, spec: BackendSpec, out: Path) -> None:
-        lib = self.plan.backend_lib(spec)
+    def _no_wine(self, label: str) -> Validation | None:
         if self.plan.windows and not self.launcher():
-            wine = self.plan.toolchains.wine
-            result = Validation(spec.key, "not-run", f"no Wine to run Windows binaries: {wine}", {})
-        else:
-            if self.plan.windows:
-                os.environ.setdefault("WINEDEBUG", "-all")
-            # Wine maps the Unix root to drive Z:
-            target = "Z:" + str(lib).replace("/", "\\") if self.plan.windows else str(lib)
-            result = run_selftest(self.launcher(), self.plan.host_exe, target, spec.key)
+            return Validation(label, "not-run", f"no Wine to run Windows binaries: {self.plan.toolchains.wine}")
+        if self.plan.windows:
+            os.environ.setdefault("WINEDEBUG", "-all")
+        return None
+
+    def _validate_host(self) -> None:
+        label = f"{self.plan.platform} host"
+        result = self._no_wine(label) or validate_host(
+            self.launcher(), self.plan.host_exe, self.models(), self.host_path, label
+        )
+        self._report(result, self.validate_host_json())
+
+    def _validate_backend(self, spec: BackendSpec, out: Path) -> None:
+        cfg = self.plan.rc.config.validate_
+        lib = self.host_path(self.plan.backend_lib(spec))
+        result = self._no_wine(spec.key) or validate_backend(
+            self.launcher(), self.plan.host_exe, lib, self.models(), cfg.quants, self.host_path, spec.key
+        )
+        self._report(result, out)
+
+    def _report(self, result: Validation, out: Path) -> None:
         _write_atomic(out, result.to_json())
-        print(f"validate {result.summary()}")
+        print(format_validation(result))
         if result.status == "failed":
-            raise ValidateError(f"{spec.key}: {result.reason}")
+            raise ValidateError(result.summary())
 
     def task_package(self) -> Iterator[dict[str, Any]]:
         """Package each backend with the host, build-info.json and SHA256SUMS into dist/."""
@@ -317,6 +361,7 @@ class _Graph:
                 self.plan.backend_lib(spec),
                 self.verify_json("host"),
                 self.verify_json(spec.key),
+                self.validate_host_json(),
                 self.validate_json(spec),
             ]
             state = {
@@ -354,7 +399,10 @@ class _Graph:
             "source_date_epoch": self.revision.epoch,
             "toolchain": {"host": self.fingerprint("host"), spec.api: self.fingerprint(spec.api)},
             "verify": {name: {"ok": r["ok"], "checks": r["checks"]} for name, r in reports.items()},
-            "validate": json.loads(self.validate_json(spec).read_text(encoding="utf-8")),
+            "validate": {
+                "host": json.loads(self.validate_host_json().read_text(encoding="utf-8")),
+                spec.lib_name: json.loads(self.validate_json(spec).read_text(encoding="utf-8")),
+            },
         }
         files = {
             host.name: host.read_bytes(),

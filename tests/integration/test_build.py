@@ -39,10 +39,14 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
         assert info["api"] == api and info["platform"] == PLATFORM
         assert info["source_revision"] and "host" in info["toolchain"] and api in info["toolchain"]
         assert all(v["ok"] for v in info["verify"].values())
+        assert info["validate"]["host"]["status"] == "passed"
+        backend = info["validate"][f"libcoli_{api}.so"]
         expected = "passed" if api == "ref" else "not-run"
-        assert info["validate"]["status"] == expected, info["validate"]
-        if api != "ref":
-            assert "GPU tier disabled" in info["validate"]["reason"]
+        assert backend["status"] == expected, backend
+        if api == "ref":
+            assert len(backend["checks"]) == 6 and all(c["ok"] and c["resident_tensors"] > 0 for c in backend["checks"])
+        else:
+            assert "GPU tier disabled" in backend["reason"]
 
 
 def test_device_code_of_the_default_arches(built_project: Path) -> None:
@@ -77,10 +81,10 @@ def test_no_op_and_incremental_rebuilds(built_project: Path) -> None:
     assert run_doit(built_project, "build").returncode == 0
 
     main = built_project / "engine/main.c"
-    original = _edit(main, "nothing to do: give --selftest", "nothing to do: pass --selftest")
+    original = _edit(main, "--model DIR is required", "--model DIR is needed")
     try:
         ran = set(executed(run_doit(built_project, "build")))
-        assert f"host:{PLATFORM}" in ran and f"verify:{PLATFORM}-host" in ran
+        assert f"host:{PLATFORM}" in ran and f"verify:{PLATFORM}-host" in ran and f"validate:{PLATFORM}-host" in ran
         assert not any(t.startswith("backend:") for t in ran)
         assert {f"package:{PLATFORM}-{k}" for k in KEYS} <= ran
     finally:
@@ -183,7 +187,8 @@ def test_windows_cross_build_runs_under_wine(built_project: Path) -> None:
             f"{top}/{n}" for n in ("coli.exe", "coli_ref.dll", "build-info.json", "SHA256SUMS")
         )
         info = json.loads(zf.read(f"{top}/build-info.json"))
-    assert info["validate"]["status"] == "passed"
+    assert info["validate"]["host"]["status"] == "passed"
+    assert info["validate"]["coli_ref.dll"]["status"] == "passed"
     assert all(v["ok"] for v in info["verify"].values())
     # the Linux build's state is kept apart from the Windows one
     assert executed(run_doit(built_project, "build")) == []

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, compile_ok, need_tool
+from toolchain import commands
 
 pytestmark = pytest.mark.slow
 
 KERNELS = ROOT / "kernels"
 ENGINE = ROOT / "engine"
-HOST_SOURCES = [str(ENGINE / n) for n in ("main.c", "loader.c", "selftest.c", "json_out.c")] + [
-    str(KERNELS / "cpu_ops.c")
-]
+HOST_SOURCES = [str(ROOT / s) for s in commands.HOST_SOURCES]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
 
 
@@ -28,7 +27,20 @@ def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     inc = [f"-I{gen_dir}", f"-I{KERNELS}", f"-I{ENGINE}"]
     host, ref = out / "coli", out / "libcoli_ref.so"
     compile_ok(
-        ["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", *SANITIZE, *inc, *HOST_SOURCES, "-o", str(host), "-lm"]
+        [
+            "gcc",
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            *SANITIZE,
+            *inc,
+            *HOST_SOURCES,
+            "-o",
+            str(host),
+            "-lm",
+            "-lpthread",
+        ]
     )
     compile_ok(
         ["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", *SANITIZE, "-shared", "-fPIC", *inc,
@@ -63,6 +75,7 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     ("args", "code", "needle"),
     [
         ([], 2, "nothing to do"),
+        (["--model", "/x"], 2, "--ids is required"),
         (["--selftest"], 2, "needs --backend"),
         (["--bogus"], 2, "unknown option: --bogus"),
         (["--device", "x", "--selftest"], 2, "--device must be"),

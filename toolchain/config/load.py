@@ -96,12 +96,13 @@ def _fields_at(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]
     """Field names that would be valid at `path`, for 'did you mean'."""
     cls: Any = model
     for part in path:
-        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        fields = {f.alias or n: f for n, f in cls.model_fields.items()}
+        field = fields.get(part) if isinstance(part, str) else None
         ann = getattr(field, "annotation", None) if field else None
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []
         cls = ann
-    return list(cls.model_fields)
+    return [f.alias or n for n, f in cls.model_fields.items()]
 
 
 def _describe(err: Mapping[str, Any], origins: Mapping[str, str]) -> str:

@@ -12,11 +12,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..arches import arch_table
 
-__all__ = ["BuildSection", "Config", "CudaSection", "HipSection", "HostSection", "ProfileSection", "WindowsSection"]
+__all__ = [
+    "BuildSection",
+    "Config",
+    "CudaSection",
+    "HipSection",
+    "HostSection",
+    "ProfileSection",
+    "ValidateSection",
+    "WindowsSection",
+]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
 def _check_arches(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -82,6 +91,17 @@ class WindowsSection(_Section):
     wine: str = Field("wine", description="Wine launcher used to run Windows artifacts on Linux.")
 
 
+class ValidateSection(_Section):
+    models: tuple[str, ...] = Field(
+        ("tests/fixtures/models/glm_tiny", "tests/fixtures/models/glm_tiny2"),
+        description="Reference models (config.json, safetensors and expected.json from tools/oracle), "
+        "relative to the project.",
+    )
+    quants: tuple[Literal["f32", "int8", "int4"], ...] = Field(
+        ("f32", "int8", "int4"), description="Weight formats at which each backend must match the CPU path."
+    )
+
+
 class ProfileSection(_Section):
     cflags: tuple[str, ...] = Field(("-O2",), description="Flags for C compiles (host and reference backend).")
     gpu_flags: tuple[str, ...] = Field(("-O2",), description="Flags for the CUDA/HIP compile.")
@@ -101,6 +121,7 @@ class Config(_Section):
     hip: HipSection = Field(default_factory=HipSection)
     cuda: CudaSection = Field(default_factory=CudaSection)
     windows: WindowsSection = Field(default_factory=WindowsSection)
+    validate_: ValidateSection = Field(default_factory=ValidateSection, alias="validate")
     profiles: dict[str, ProfileSection] = Field(default_factory=_default_profiles, description="Named flag sets.")
 
     @property

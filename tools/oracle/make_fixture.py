@@ -32,21 +32,56 @@ GENERATE = 20
 SHAPES: dict[str, dict[str, object]] = {
     # the seed's tiny model
     "glm_tiny": dict(
-        vocab_size=256, hidden_size=128, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=5,
-        first_k_dense_replace=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
-        num_experts_per_tok=2, n_shared_experts=1, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=24,
-        qk_rope_head_dim=8, v_head_dim=32, index_topk=4096, index_head_dim=16, index_n_heads=2,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=5,
+        first_k_dense_replace=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=24,
+        qk_rope_head_dim=8,
+        v_head_dim=32,
+        index_topk=4096,
+        index_head_dim=16,
+        index_n_heads=2,
     ),
     # another shape: interleaved dense/sparse layers, grouped routing without
     # normalisation, a DSA top-k smaller than the sequence with shared indexer
     # layers, tied embeddings, BF16 weights in two shards
     "glm_tiny2": dict(
-        vocab_size=384, hidden_size=96, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=4,
-        mlp_layer_types=["dense", "sparse", "dense", "sparse"], num_attention_heads=3, num_key_value_heads=3,
-        n_routed_experts=6, num_experts_per_tok=3, n_group=2, topk_group=1, norm_topk_prob=False,
-        routed_scaling_factor=1.5, n_shared_experts=2, q_lora_rank=48, kv_lora_rank=24, qk_nope_head_dim=16,
-        qk_rope_head_dim=12, v_head_dim=20, index_topk=8, index_head_dim=24, index_n_heads=8,
-        indexer_types=["full", "shared", "full", "shared"], tie_word_embeddings=True, rms_norm_eps=1e-6,
+        vocab_size=384,
+        hidden_size=96,
+        intermediate_size=80,
+        moe_intermediate_size=24,
+        num_hidden_layers=4,
+        mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        n_routed_experts=6,
+        num_experts_per_tok=3,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        n_shared_experts=2,
+        q_lora_rank=48,
+        kv_lora_rank=24,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=12,
+        v_head_dim=20,
+        index_topk=8,
+        index_head_dim=24,
+        index_n_heads=8,
+        indexer_types=["full", "shared", "full", "shared"],
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
     ),
 }
@@ -74,12 +109,11 @@ def init_weights(model: torch.nn.Module, gen: torch.Generator, dtype: torch.dtyp
 
 def margins(model: GlmMoeDsaForCausalLM, ids: list[int]) -> dict[str, float]:
     """The smallest gap at every discrete decision of one teacher-forced pass."""
-    cfg = model.config
     gaps: dict[str, float] = {"logits": math.inf, "dsa": math.inf, "experts": math.inf}
     hooks = []
 
     def on_indexer(module: torch.nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
-        hidden, q_resid, pos, mask = args[0], args[1], args[2], args[3]
+        hidden, q_resid, pos = args[0], args[1], args[2]
         with torch.no_grad():
             cos, sin = pos
             b, s, _ = hidden.shape
@@ -108,7 +142,9 @@ def margins(model: GlmMoeDsaForCausalLM, ids: list[int]) -> dict[str, float]:
             per_group = scores.view(-1, module.num_group, module.num_experts // module.num_group)
             if module.num_group > 1:
                 gs = per_group.topk(2, -1).values.sum(-1).sort(-1, descending=True).values
-                gaps["experts"] = min(gaps["experts"], float((gs[:, module.topk_group - 1] - gs[:, module.topk_group]).min()))
+                gaps["experts"] = min(
+                    gaps["experts"], float((gs[:, module.topk_group - 1] - gs[:, module.topk_group]).min())
+                )
             group_idx = per_group.topk(2, -1).values.sum(-1).topk(module.topk_group, -1).indices
             mask = torch.zeros(scores.shape[0], module.num_group, dtype=torch.bool)
             mask.scatter_(1, group_idx, True)
@@ -154,7 +190,10 @@ def build(name: str, out: Path) -> None:
             continue
         if min(gaps["logits"], gaps["dsa"], gaps["experts"]) > MARGIN:
             break
-        print(f"{name}: seed {seed}: a decision is closer than {MARGIN} {gaps['logits'], gaps['dsa'], gaps['experts']}", file=sys.stderr)
+        print(
+            f"{name}: seed {seed}: a decision is closer than {MARGIN} {gaps['logits'], gaps['dsa'], gaps['experts']}",
+            file=sys.stderr,
+        )
     else:
         raise SystemExit(f"{name}: no seed in 100 gives margins above {MARGIN}")
     with torch.no_grad():
@@ -194,7 +233,9 @@ def main() -> None:
         build(args.name, Path(tmp))
         cmp = filecmp.dircmp(tmp, args.out)
         if cmp.left_only or cmp.right_only or cmp.diff_files:
-            raise SystemExit(f"{args.out} differs from a fresh build: {cmp.diff_files + cmp.left_only + cmp.right_only}")
+            raise SystemExit(
+                f"{args.out} differs from a fresh build: {cmp.diff_files + cmp.left_only + cmp.right_only}"
+            )
         print(f"{args.out}: identical to a fresh build")
 
 
