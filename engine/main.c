@@ -196,7 +196,10 @@ int main(int argc, char **argv) {
 
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (parse_ids(ids_arg, &ids, &n)) return EXIT_USAGE;
+    if (parse_ids(ids_arg, &ids, &n)) {
+        free(ids);
+        return EXIT_USAGE;
+    }
 
     if (backend_path) {
         if (coli_backend_open(backend_path, &b, err, sizeof err) != 0) {

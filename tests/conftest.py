@@ -82,3 +82,28 @@ def gen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def compile_ok(argv: list[str], cwd: Path | None = None) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
     assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"
+
+
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+
+
+@pytest.fixture(scope="session")
+def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The host and the reference backend built with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    from toolchain import commands
+
+    need_tool("gcc")
+    out = tmp_path_factory.mktemp("asan")
+    inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+    host, ref = out / "coli", out / "libcoli_ref.so"
+    warn = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+    sources = [str(ROOT / s) for s in commands.HOST_SOURCES]
+    compile_ok(["gcc", *warn, *SANITIZE, *inc, *sources, "-o", str(host), "-lm", "-lpthread"])
+    ref_sources = [str(ROOT / s) for s in commands.REF_SOURCES]
+    compile_ok(["gcc", *warn, *SANITIZE, "-shared", "-fPIC", *inc, *ref_sources, "-o", str(ref), "-lm"])
+    return host, ref
+
+
+def run_host(host: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run([str(host), *args], capture_output=True, text=True, env=env, timeout=timeout)

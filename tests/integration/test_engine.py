@@ -9,53 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, compile_ok, need_tool
-from toolchain import commands
+from tests.conftest import ROOT, compile_ok, run_host
 
 pytestmark = pytest.mark.slow
 
 KERNELS = ROOT / "kernels"
-ENGINE = ROOT / "engine"
-HOST_SOURCES = [str(ROOT / s) for s in commands.HOST_SOURCES]
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
-
-
-@pytest.fixture(scope="module")
-def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    need_tool("gcc")
-    out = tmp_path_factory.mktemp("asan")
-    inc = [f"-I{gen_dir}", f"-I{KERNELS}", f"-I{ENGINE}"]
-    host, ref = out / "coli", out / "libcoli_ref.so"
-    compile_ok(
-        [
-            "gcc",
-            "-std=c11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            *SANITIZE,
-            *inc,
-            *HOST_SOURCES,
-            "-o",
-            str(host),
-            "-lm",
-            "-lpthread",
-        ]
-    )
-    compile_ok(
-        ["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", *SANITIZE, "-shared", "-fPIC", *inc,
-         str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c"), "-o", str(ref), "-lm"]
-    )  # fmt: skip
-    return host, ref
 
 
 def run(host: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
-        "UBSAN_OPTIONS": "print_stacktrace=1",
-        "PATH": "/usr/bin:/bin",
-    }
-    return subprocess.run([str(host), *args], capture_output=True, text=True, env=env, timeout=300)
+    return run_host(host, *args)
 
 
 def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> None:

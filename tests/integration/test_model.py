@@ -1,0 +1,249 @@
+"""The engine on the reference models: the CLI contract, backends, threads, and
+every kind of bad input (one line naming the file and tensor or key, exit 2),
+all under AddressSanitizer and UndefinedBehaviorSanitizer; and the safetensors
+reader fuzzed with 10,000 mutated headers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import safetensors_io as stio
+from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool, run_host
+
+pytestmark = pytest.mark.slow
+
+MODELS = ROOT / "tests/fixtures/models"
+TINY = MODELS / "glm_tiny"
+
+
+def expected(model: Path) -> dict[str, list[int]]:
+    data: dict[str, list[int]] = json.loads((model / "expected.json").read_text())
+    return data
+
+
+def ids(values: list[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def run_json(host: Path, *args: str) -> dict[str, object]:
+    proc = run_host(host, *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr
+    data: dict[str, object] = json.loads(proc.stdout)
+    return data
+
+
+@pytest.mark.parametrize("name", ["glm_tiny", "glm_tiny2"])
+def test_cpu_matches_the_oracle(sanitized: tuple[Path, Path], name: str) -> None:
+    host, _ = sanitized
+    model, exp = MODELS / name, expected(MODELS / name)
+    tf = run_json(host, "--model", str(model), "--ids", ids(exp["ids"]), "--teacher-force", "--threads", "2")
+    assert tf["tf_pred"] == exp["tf_pred"]
+    assert tf["backend"] is None and tf["resident_tensors"] == 0 and tf["device"] == "cpu"
+    margins = tf["top2_margin"]
+    assert isinstance(margins, list) and len(margins) == len(exp["ids"])
+    gen = run_json(host, "--model", str(model), "--ids", ids(exp["prompt"]), "--generate", "20")
+    assert gen["generated"] == exp["generated"]
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
+def test_reference_backend_matches_the_cpu_path(sanitized: tuple[Path, Path], quant: str) -> None:
+    host, ref = sanitized
+    for name in ("glm_tiny", "glm_tiny2"):
+        exp = expected(MODELS / name)
+        base = ["--model", str(MODELS / name), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", quant]
+        cpu = run_json(host, *base)
+        dev = run_json(host, *base, "--backend", str(ref))
+        assert dev["backend"] == "ref" and isinstance(dev["resident_tensors"], int) and dev["resident_tensors"] > 0
+        assert dev["tf_pred"] == cpu["tf_pred"], (name, quant)
+        # the reference backend runs the same arithmetic: the logits agree to the bit
+        assert dev["top2_margin"] == cpu["top2_margin"]
+
+
+def test_threads_do_not_change_results(sanitized: tuple[Path, Path]) -> None:
+    host, _ = sanitized
+    exp = expected(MODELS / "glm_tiny2")
+    base = ["--model", str(MODELS / "glm_tiny2"), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", "int8"]
+    one, three = run_json(host, *base, "--threads", "1"), run_json(host, *base, "--threads", "3")
+    assert one["top2_margin"] == three["top2_margin"] and one["threads"] == 1 and three["threads"] == 3
+
+
+def test_a_backend_that_cannot_start_leaves_the_cpu_path(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    host, _ = sanitized
+    exp = expected(TINY)
+    junk = tmp_path / "libcoli_cuda.so"
+    junk.write_text("not a library")
+    for backend in (str(tmp_path / "missing.so"), str(junk)):
+        proc = run_host(
+            host, "--model", str(TINY), "--ids", ids(exp["ids"]), "--teacher-force", "--json", "--backend", backend
+        )
+        assert proc.returncode == 0
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "GPU tier disabled (CPU path remains active)" in lines[0]
+        data = json.loads(proc.stdout)
+        assert data["backend"] is None and data["resident_tensors"] == 0 and data["backend_error"]
+        assert data["tf_pred"] == exp["tf_pred"]
+
+
+def test_human_summary(sanitized: tuple[Path, Path]) -> None:
+    host, ref = sanitized
+    exp = expected(TINY)
+    proc = run_host(host, "--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--backend", str(ref))
+    assert proc.returncode == 0
+    assert f"generated 5 tokens on CPU reference (f32): {exp['generated'][:5]}" in proc.stdout
+    assert "51 tensors resident in ref" in proc.stdout
+
+
+# ---- bad input ------------------------------------------------------------
+
+
+def broken_copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "model"
+    shutil.copytree(TINY, dest)
+    return dest
+
+
+def expect_error(host: Path, model: Path, *needles: str, token_ids: str = "1,2,3") -> None:
+    proc = run_host(host, "--model", str(model), "--ids", token_ids, "--teacher-force")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_empty_and_truncated_files(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    host = sanitized[0]
+    model = broken_copy(tmp_path)
+    st = model / "model.safetensors"
+    data = st.read_bytes()
+    st.write_bytes(b"")
+    expect_error(host, model, str(st), "file is empty")
+    st.write_bytes(data[:5])
+    expect_error(host, model, str(st), "truncated")
+    st.write_bytes(data[: len(data) // 2])
+    expect_error(host, model, str(st), "outside the data")
+
+
+def test_header_not_json_and_absurd_size(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    host = sanitized[0]
+    model = broken_copy(tmp_path)
+    st = model / "model.safetensors"
+    data = bytearray(st.read_bytes())
+    data[8] = ord("[") if data[8] != ord("[") else ord("{")
+    data[9] = ord("x")
+    st.write_bytes(bytes(data))
+    expect_error(host, model, str(st), "header is not JSON")
+    st.write_bytes(struct.pack("<Q", 1 << 60) + bytes(data[8:]))
+    expect_error(host, model, str(st), "header claims 1152921504606846976 bytes")
+
+
+def test_lying_entries(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    host = sanitized[0]
+    model = broken_copy(tmp_path)
+    st = model / "model.safetensors"
+    tensors = stio.read(TINY / "model.safetensors")
+    norm = "model.norm.weight"
+    cases = [
+        ({norm: {"data_offsets": [0, 10**9]}}, [f"tensor '{norm}'", "outside the data"]),
+        ({norm: {"shape": [64]}}, [f"tensor '{norm}'", "bytes for 64 F32 values"]),
+        ({norm: {"dtype": "F99"}}, [f"tensor '{norm}'", "unknown dtype 'F99'"]),
+        ({norm: {"data_offsets": [0, 512]}}, ["overlap"]),
+        ({norm: {"shape": [-1]}}, [f"tensor '{norm}'", "is not a size"]),
+    ]
+    for patch, needles in cases:
+        stio.write(st, tensors, header_patch=patch)
+        expect_error(host, model, str(st), *needles)
+
+
+def test_missing_tensor_wrong_shape_unsupported_dtype(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    host = sanitized[0]
+    model = broken_copy(tmp_path)
+    st = model / "model.safetensors"
+    tensors = stio.read(TINY / "model.safetensors")
+    name = "model.layers.2.self_attn.kv_b_proj.weight"
+    stio.write(st, {k: v for k, v in tensors.items() if k != name})
+    expect_error(host, model, str(st), f"tensor '{name}' is missing")
+    dtype, shape, raw = tensors[name]
+    stio.write(st, {**tensors, name: (dtype, [shape[1], shape[0]], raw)})
+    expect_error(host, model, f"tensor '{name}' has shape [32, 224], the config needs [224, 32]")
+    stio.write(st, {**tensors, name: ("I32", shape, raw)})
+    expect_error(host, model, f"tensor '{name}' has dtype I32; supported: F32, F16, BF16")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("hidden_size", "128", "key 'hidden_size' must be an integer, got string"),
+        ("num_hidden_layers", 2.5, "key 'num_hidden_layers' must be an integer, got a fraction"),
+        ("vocab_size", 0, "key 'vocab_size' is 0"),
+        ("model_type", "llama", "model_type 'llama' is not supported (supported: glm_moe_dsa)"),
+        ("norm_topk_prob", "yes", "key 'norm_topk_prob' must be true or false"),
+        ("rope_parameters", {"rope_type": "yarn"}, "rope_type yarn is not supported"),
+        ("mlp_layer_types", ["dense"], "key 'mlp_layer_types' must be a list of 5 strings"),
+        ("kv_lora_rank", None, "key 'kv_lora_rank' is missing"),
+    ],
+)
+def test_bad_config_values(sanitized: tuple[Path, Path], tmp_path: Path, key: str, value: object, needle: str) -> None:
+    model = broken_copy(tmp_path)
+    cfg = json.loads((model / "config.json").read_text())
+    if value is None:
+        del cfg[key]
+    else:
+        cfg[key] = value
+    (model / "config.json").write_text(json.dumps(cfg))
+    expect_error(sanitized[0], model, str(model / "config.json"), needle)
+
+
+def test_config_not_json_and_missing(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    model = broken_copy(tmp_path)
+    (model / "config.json").write_text('{"vocab_size": 256,')
+    expect_error(sanitized[0], model, "config.json", "invalid JSON at byte")
+    (model / "config.json").unlink()
+    expect_error(sanitized[0], model, "config.json", "cannot read")
+
+
+def test_token_outside_the_vocabulary(sanitized: tuple[Path, Path]) -> None:
+    expect_error(sanitized[0], TINY, "token 256 at position 2 is outside the vocabulary", token_ids="5,17,256")
+    proc = run_host(sanitized[0], "--model", str(TINY), "--ids", "5,x", "--teacher-force")
+    assert proc.returncode == 2 and "--ids: item 2 is not a token id" in proc.stderr
+
+
+def test_shard_index_naming_a_missing_tensor(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    model = tmp_path / "m2"
+    shutil.copytree(MODELS / "glm_tiny2", model)
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.extra.weight"] = "model-00001-of-00004.safetensors"
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    expect_error(sanitized[0], model, "model.extra.weight", "does not hold it")
+    index["weight_map"]["model.extra.weight"] = "../../etc/passwd"
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    expect_error(sanitized[0], model, "is not a file name in the model folder")
+
+
+def test_fuzzed_headers_never_crash(tmp_path: Path) -> None:
+    need_tool("gcc")
+    fuzz = tmp_path / "fuzz"
+    compile_ok(
+        ["gcc", "-std=c11", "-O1", *SANITIZE, "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'engine'}",
+         str(ROOT / "tests/c/fuzz_safetensors.c"), str(ROOT / "engine/safetensors.c"), str(ROOT / "engine/json.c"),
+         "-o", str(fuzz)]
+    )  # fmt: skip
+    for seed_file, n, seed in (
+        (MODELS / "glm_tiny2/model-00004-of-00004.safetensors", 10000, 7),
+        (TINY / "model.safetensors", 2000, 11),
+    ):
+        proc = subprocess.run(
+            [str(fuzz), str(seed_file), str(tmp_path), str(n), str(seed)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result = json.loads(proc.stdout)
+        assert result["iterations"] == n and result["accepted"] + result["refused"] == n
+        assert result["refused"] > n // 2 and result["accepted"] > 0  # the mutations reach both outcomes
