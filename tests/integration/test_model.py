@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,7 +152,7 @@ def test_lying_entries(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
     st = model / "model.safetensors"
     tensors = stio.read(TINY / "model.safetensors")
     norm = "model.norm.weight"
-    cases = [
+    cases: list[tuple[dict[str, dict[str, Any]], list[str]]] = [
         ({norm: {"data_offsets": [0, 10**9]}}, [f"tensor '{norm}'", "outside the data"]),
         ({norm: {"shape": [64]}}, [f"tensor '{norm}'", "bytes for 64 F32 values"]),
         ({norm: {"dtype": "F99"}}, [f"tensor '{norm}'", "unknown dtype 'F99'"]),
