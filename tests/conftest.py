@@ -104,6 +104,10 @@ def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return host, ref
 
 
-def run_host(host: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1", "PATH": "/usr/bin:/bin"}
-    return subprocess.run([str(host), *args], capture_output=True, text=True, env=env, timeout=timeout)
+def run_host(
+    host: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [str(host), *args], capture_output=True, text=True, env={**base, **(env or {})}, timeout=timeout
+    )

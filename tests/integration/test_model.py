@@ -32,8 +32,8 @@ def ids(values: list[int]) -> str:
     return ",".join(map(str, values))
 
 
-def run_json(host: Path, *args: str) -> dict[str, object]:
-    proc = run_host(host, *args, "--json")
+def run_json(host: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    proc = run_host(host, *args, "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr
     data: dict[str, object] = json.loads(proc.stdout)
@@ -73,6 +73,16 @@ def test_threads_do_not_change_results(sanitized: tuple[Path, Path]) -> None:
     base = ["--model", str(MODELS / "glm_tiny2"), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", "int8"]
     one, three = run_json(host, *base, "--threads", "1"), run_json(host, *base, "--threads", "3")
     assert one["top2_margin"] == three["top2_margin"] and one["threads"] == 1 and three["threads"] == 3
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
+def test_vector_and_portable_loops_agree_to_the_bit(sanitized: tuple[Path, Path], quant: str) -> None:
+    """The AVX2 loops (chosen at run time) and the portable ones do the same operations in the same order."""
+    host, _ = sanitized
+    exp = expected(MODELS / "glm_tiny2")
+    base = ["--model", str(MODELS / "glm_tiny2"), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", quant]
+    fast, portable = run_json(host, *base), run_json(host, *base, env={"COLI_CPU_PORTABLE": "1"})
+    assert fast["tf_pred"] == portable["tf_pred"] and fast["top2_margin"] == portable["top2_margin"]
 
 
 def test_a_backend_that_cannot_start_leaves_the_cpu_path(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
