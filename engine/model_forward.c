@@ -61,9 +61,18 @@ static void mm_rows(void *ctx, int64_t b, int64_t e) {
     else coli_matmul_q4_rows(l->q4, l->scale, l->rows, l->cols, l->group, j->x, j->s, j->y, b, e);
 }
 
+/* Below this many multiply-adds a matmul runs on the calling thread: handing
+ * it to the pool costs more than it saves. */
+#define PARALLEL_MIN_MACS (1 << 16)
+
+static void run_rows(model *m, mm_job *j) {
+    if (j->rows * j->cols * j->s < PARALLEL_MIN_MACS) mm_rows(j, 0, j->rows);
+    else pool_run(m->pool, mm_rows, j, j->rows);
+}
+
 static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y) {
     mm_job j = {NULL, w, rows, cols, x, s, y};
-    pool_run(m->pool, mm_rows, &j, rows);
+    run_rows(m, &j);
 }
 
 static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
@@ -76,7 +85,7 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
         }
     } else {
         mm_job j = {l, NULL, l->rows, l->cols, x, s, y};
-        pool_run(m->pool, mm_rows, &j, l->rows);
+        run_rows(m, &j);
     }
     if (l->bias)
         for (int64_t t = 0; t < s; t++)
@@ -369,14 +378,16 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                 for (int64_t hh = 0; hh < IH; hh++) iw[s * IH + hh] *= wscale;
             }
             idx_job ij = {m, ly, iq, iw, n, t0, total, sel, 0};
-            pool_run(m->pool, idx_items, &ij, n);
+            if (n * total * IH * ID < PARALLEL_MIN_MACS) idx_items(&ij, 0, n);
+            else pool_run(m->pool, idx_items, &ij, n);
             if (ij.failed) {
                 snprintf(err, errlen, "out of memory in the indexer");
                 goto done;
             }
         } /* a "shared" layer keeps the selection of the last full layer */
         attn_job aj = {m, ly, q, sel, n, t0, total, scaling, att, 0};
-        pool_run(m->pool, attn_items, &aj, n * NH);
+        if (n * NH * total * (qk + V) < PARALLEL_MIN_MACS) attn_items(&aj, 0, n * NH);
+        else pool_run(m->pool, attn_items, &aj, n * NH);
         if (aj.failed) {
             snprintf(err, errlen, "out of memory in attention");
             goto done;

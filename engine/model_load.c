@@ -251,6 +251,7 @@ static float *vec(loader_ctx *L, const char *name, int64_t n) {
         }
         memcpy(owned, p, (size_t)n * sizeof(float));
     }
+    st_release(t);
     return owned;
 }
 
@@ -333,6 +334,7 @@ static int dense(loader_ctx *L, linear *l, const char *name, int64_t rows, int64
         l->scale = malloc((size_t)rows * sizeof(float));
         if (l->q8 && l->scale) coli_quantize_q8(w, rows, cols, l->q8, l->scale);
         free(owned);
+        st_release(t);
         if (!l->q8 || !l->scale) {
             snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
             return 1;
@@ -344,6 +346,7 @@ static int dense(loader_ctx *L, linear *l, const char *name, int64_t rows, int64
         l->scale = malloc((size_t)(rows * (cols / l->group)) * sizeof(float));
         if (l->q4 && l->scale) coli_quantize_q4(w, rows, cols, l->group, l->q4, l->scale);
         free(owned);
+        st_release(t);
         if (!l->q4 || !l->scale) {
             snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
             return 1;

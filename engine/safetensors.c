@@ -405,6 +405,17 @@ const st_tensor *st_find(const st_set *s, const char *name) {
     return NULL;
 }
 
+void st_release(const st_tensor *t) {
+#if !defined(_WIN32)
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t b = ((uintptr_t)t->data + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)page - 1);
+    if (page > 0 && e > b) posix_madvise((void *)b, e - b, POSIX_MADV_DONTNEED);
+#else
+    (void)t; /* Windows trims the working set of a mapped view by itself */
+#endif
+}
+
 /* ---- conversion ------------------------------------------------------ */
 
 static float half_to_float(uint16_t h) {

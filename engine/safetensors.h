@@ -47,6 +47,10 @@ const st_tensor *st_find(const st_set *s, const char *name);
 
 const char *st_dtype_name(st_dtype d);
 
+/* Tells the OS the tensor's mapped bytes are no longer needed (they were copied
+ * or quantised), so they leave the resident set. A hint: never fails. */
+void st_release(const st_tensor *t);
+
 /* Converts a F32, F16 or BF16 tensor to float32; 0 on success. */
 int st_to_f32(const st_tensor *t, float *out, char *err, size_t errlen);
 

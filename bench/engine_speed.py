@@ -1,0 +1,117 @@
+"""The engine against transformers on the same model and threads, in one run.
+
+    python bench/engine_speed.py --coli build/linux-x86_64/host/coli \
+        --model tiny=tests/fixtures/models/glm_tiny --model large=/tmp/large --threads 2 --out bench/results/x.json
+
+Runs with the oracle environment (tools/oracle/requirements.txt: torch, transformers).
+For each model: teacher forcing over 32 positions and greedy decode of 32 tokens
+after a 12-token prompt; the engine at f32, int8 and int4 and transformers at
+float32; medians of --repeat runs; the engine's peak RSS (/usr/bin/time) against
+the size of the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT, DECODE, POSITIONS = 12, 32, 32
+
+
+def engine(coli: Path, model: Path, args: list[str], threads: int) -> tuple[dict[str, Any], int]:
+    argv = ["/usr/bin/time", "-f", "%M", str(coli), "--model", str(model), "--threads", str(threads), "--json", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout), int(proc.stderr.strip().splitlines()[-1])
+
+
+def bench_engine(coli: Path, model: Path, ids: list[int], threads: int, repeat: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    joined, prompt = ",".join(map(str, ids)), ",".join(map(str, ids[:PROMPT]))
+    for quant in ("f32", "int8", "int4"):
+        tf, gen, rss = [], [], []
+        for _ in range(repeat):
+            d, kb = engine(coli, model, ["--ids", joined, "--teacher-force", "--quant", quant], threads)
+            tf.append(d["tokens_per_second"])
+            rss.append(kb)
+            d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
+            gen.append(d["decode_tokens_per_second"])
+            rss.append(kb)
+        out[quant] = {
+            "teacher_forcing_tokens_per_second": statistics.median(tf),
+            "decode_tokens_per_second": statistics.median(gen),
+            "peak_rss_bytes": max(rss) * 1024,
+        }
+    return out
+
+
+def bench_transformers(model: Path, ids: list[int], threads: int, repeat: int) -> dict[str, Any]:
+    import torch
+    from transformers import GlmMoeDsaForCausalLM
+
+    torch.set_num_threads(threads)
+    m = GlmMoeDsaForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    x = torch.tensor([ids])
+    p = torch.tensor([ids[:PROMPT]])
+    tf, gen = [], []
+    with torch.no_grad():
+        m(x)  # warm-up
+        for _ in range(repeat):
+            t = time.perf_counter()
+            m(x)
+            tf.append(POSITIONS / (time.perf_counter() - t))
+            t = time.perf_counter()
+            m.generate(p, max_new_tokens=1, do_sample=False)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            m.generate(p, max_new_tokens=DECODE, do_sample=False, min_new_tokens=DECODE)
+            total = time.perf_counter() - t
+            gen.append((DECODE - 1) / (total - first))
+    return {
+        "teacher_forcing_tokens_per_second": statistics.median(tf),
+        "decode_tokens_per_second": statistics.median(gen),
+        "versions": f"transformers {__import__('transformers').__version__}, torch {torch.__version__}",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--coli", type=Path, required=True)
+    ap.add_argument("--model", action="append", required=True, help="name=DIR")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    results: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {subprocess.getoutput('nproc')} cores",
+        "command": "python " + " ".join(__import__("sys").argv),
+        "threads": args.threads,
+        "models": {},
+    }
+    for spec in args.model:
+        name, path = spec.split("=", 1)
+        model = Path(path)
+        vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+        rng = random.Random(1)
+        ids = [rng.randrange(2, vocab) for _ in range(POSITIONS)]
+        weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+        eng = bench_engine(args.coli, model, ids, args.threads, args.repeat)
+        hf = bench_transformers(model, ids, args.threads, args.repeat)
+        row = {"weights_bytes": weights, "engine": eng, "transformers": hf}
+        row["decode_speedup_f32"] = eng["f32"]["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
+        row["tf_speedup_f32"] = eng["f32"]["teacher_forcing_tokens_per_second"] / hf["teacher_forcing_tokens_per_second"]
+        row["peak_rss_over_weights_f32"] = eng["f32"]["peak_rss_bytes"] / weights
+        results["models"][name] = row
+        print(json.dumps({name: row}, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
