@@ -105,7 +105,8 @@ def main() -> None:
         hf = bench_transformers(model, ids, args.threads, args.repeat)
         row = {"weights_bytes": weights, "engine": eng, "transformers": hf}
         row["decode_speedup_f32"] = eng["f32"]["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
-        row["tf_speedup_f32"] = eng["f32"]["teacher_forcing_tokens_per_second"] / hf["teacher_forcing_tokens_per_second"]
+        tf_key = "teacher_forcing_tokens_per_second"
+        row["tf_speedup_f32"] = eng["f32"][tf_key] / hf[tf_key]
         row["peak_rss_over_weights_f32"] = eng["f32"]["peak_rss_bytes"] / weights
         results["models"][name] = row
         print(json.dumps({name: row}, indent=1))

@@ -29,4 +29,18 @@ if command -v compute-sanitizer >/dev/null; then
   echo "memcheck exit $? ($(tail -1 "$out/memcheck.txt"))"
 fi
 echo "selftest exit $rc"
+# the engine on the reference models: CPU vs oracle, CUDA vs CPU at f32/int8/int4, greedy via CUDA
+python3 bench/gpu_validate.py "$work/coli" "$work/libcoli_cuda.so" "$out/validate.json" || rc=1
+# decode speed, GPU vs CPU, on the larger synthetic model
+if [[ ${COLI_BENCH_LARGE:-1} == 1 ]]; then
+  python3 bench/make_synthetic.py "$work/large" > /dev/null
+  ids=$(python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range(12)))")
+  for backend in none "$work/libcoli_cuda.so"; do
+    for q in f32 int8 int4; do
+      "$work/coli" --model "$work/large" --ids "$ids" --generate 64 --quant $q --backend "$backend" --json \
+        | python3 -c "import json,sys;d=json.load(sys.stdin);print(json.dumps({'backend':d['backend'],'quant':d['quant'],'decode_tok_s':d['decode_tokens_per_second'],'resident':d['resident_tensors'],'threads':d['threads']}))" \
+        | tee -a "$out/large_decode.jsonl"
+    done
+  done
+fi
 exit "$rc"

@@ -18,11 +18,29 @@ import numpy as np
 
 PRESETS: dict[str, dict[str, object]] = {
     "large": dict(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=128,
-        num_hidden_layers=16, first_k_dense_replace=1, num_attention_heads=16, num_key_value_heads=16,
-        n_routed_experts=64, num_experts_per_tok=4, n_shared_experts=1, n_group=1, topk_group=1,
-        q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
-        index_topk=2048, index_head_dim=64, index_n_heads=8, routed_scaling_factor=2.5, norm_topk_prob=True,
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        moe_intermediate_size=128,
+        num_hidden_layers=16,
+        first_k_dense_replace=1,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        n_routed_experts=64,
+        num_experts_per_tok=4,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=512,
+        kv_lora_rank=256,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        index_topk=2048,
+        index_head_dim=64,
+        index_n_heads=8,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
     ),
 }
 
@@ -51,16 +69,17 @@ def shapes(c: dict[str, int]) -> list[tuple[str, tuple[int, ...]]]:
             (p + "self_attn.indexer.weights_proj.weight", (c["index_n_heads"], H)),
         ]  # fmt: skip
         if i < c["first_k_dense_replace"]:
-            I = c["intermediate_size"]
-            out += [(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)),
-                    (p + "mlp.down_proj.weight", (H, I))]  # fmt: skip
+            inter = c["intermediate_size"]
+            out += [(p + "mlp.gate_proj.weight", (inter, H)), (p + "mlp.up_proj.weight", (inter, H)),
+                    (p + "mlp.down_proj.weight", (H, inter))]  # fmt: skip
             continue
-        I, S = c["moe_intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
+        inter, S = c["moe_intermediate_size"], c["moe_intermediate_size"] * c["n_shared_experts"]
         out += [(p + "mlp.gate.weight", (c["n_routed_experts"], H)),
                 (p + "mlp.gate.e_score_correction_bias", (c["n_routed_experts"],))]  # fmt: skip
         for e in range(c["n_routed_experts"]):
             q = f"{p}mlp.experts.{e}."
-            out += [(q + "gate_proj.weight", (I, H)), (q + "up_proj.weight", (I, H)), (q + "down_proj.weight", (H, I))]
+            out += [(q + "gate_proj.weight", (inter, H)), (q + "up_proj.weight", (inter, H)),
+                    (q + "down_proj.weight", (H, inter))]  # fmt: skip
         out += [(p + "mlp.shared_experts.gate_proj.weight", (S, H)), (p + "mlp.shared_experts.up_proj.weight", (S, H)),
                 (p + "mlp.shared_experts.down_proj.weight", (H, S))]  # fmt: skip
     out += [("model.norm.weight", (H,)), ("lm_head.weight", (c["vocab_size"], H))]
@@ -74,9 +93,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     cfg = dict(PRESETS[args.preset])
-    cfg.update(model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"], hidden_act="silu",
-               rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-               tie_word_embeddings=False, attention_bias=False, dtype="float32", max_position_embeddings=4096)  # fmt: skip
+    cfg.update(
+        model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"], hidden_act="silu", rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        attention_bias=False, dtype="float32", max_position_embeddings=4096,
+    )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     layout = shapes(cfg)  # type: ignore[arg-type]
