@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("validate", ROOT / "toolchain" / "validate.py")
 assert spec and spec.loader
 validate = importlib.util.module_from_spec(spec)
+sys.modules["validate"] = validate  # dataclasses look their module up there
 spec.loader.exec_module(validate)
 
 host, lib, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
