@@ -258,3 +258,41 @@ def test_fuzzed_headers_never_crash(tmp_path: Path) -> None:
         result = json.loads(proc.stdout)
         assert result["iterations"] == n and result["accepted"] + result["refused"] == n
         assert result["refused"] > n // 2 and result["accepted"] > 0  # the mutations reach both outcomes
+
+
+def test_f16_and_bf16_weights_are_read_exactly(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """glm_tiny rewritten in F16 and in BF16 gives the same logits as the same rounded
+    values stored as F32: the engine's half-precision conversions are exact."""
+    host = sanitized[0]
+    tensors = stio.read(TINY / "model.safetensors")
+    exp = expected(TINY)
+
+    def f16(raw: bytes) -> bytes:
+        values = struct.unpack(f"<{len(raw) // 4}f", raw)
+        return struct.pack(f"<{len(values)}e", *values)
+
+    def bf16(raw: bytes) -> bytes:  # truncation: a valid bf16 value, whatever the rounding
+        return b"".join(raw[i + 2 : i + 4] for i in range(0, len(raw), 4))
+
+    def widen_f16(raw: bytes) -> bytes:
+        values = struct.unpack(f"<{len(raw) // 2}e", raw)
+        return struct.pack(f"<{len(values)}f", *values)
+
+    def widen_bf16(raw: bytes) -> bytes:
+        return b"".join(b"\0\0" + raw[i : i + 2] for i in range(0, len(raw), 2))
+
+    margins = []
+    for name, narrow, widen, dtype in (("f16", f16, widen_f16, "F16"), ("bf16", bf16, widen_bf16, "BF16")):
+        half, wide = tmp_path / f"{name}-half", tmp_path / f"{name}-wide"
+        for d in (half, wide):
+            d.mkdir()
+            shutil.copy(TINY / "config.json", d / "config.json")
+        small = {k: (dtype, shape, narrow(raw)) for k, (_, shape, raw) in tensors.items()}
+        stio.write(half / "model.safetensors", small)
+        stio.write(wide / "model.safetensors", {k: ("F32", s, widen(r)) for k, (_, s, r) in small.items()})
+        args = ["--ids", ids(exp["ids"]), "--teacher-force"]
+        a = run_json(host, "--model", str(half), *args)
+        b = run_json(host, "--model", str(wide), *args)
+        assert a["tf_pred"] == b["tf_pred"] and a["top2_margin"] == b["top2_margin"], name
+        margins.append(a["top2_margin"])
+    assert margins[0] != margins[1]  # the two files really hold different values
