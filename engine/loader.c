@@ -4,22 +4,29 @@
 #include "loader.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #if defined(_WIN32)
 #include <windows.h>
+#define STYLE PATH_STYLE_WINDOWS
 #else
 #include <dlfcn.h>
+#define STYLE PATH_STYLE_POSIX
 #endif
 
-static int is_absolute(const char *p) {
+static const char *const APIS[] = {"ref", "cuda", "hip"};
+
+const char *coli_backend_file(const char *api) {
 #if defined(_WIN32)
-    return (((p[0] | 0x20) >= 'a' && (p[0] | 0x20) <= 'z') && p[1] == ':' && (p[2] == '\\' || p[2] == '/')) ||
-           (p[0] == '\\' && p[1] == '\\');
+    static const char *const files[] = {"coli_ref.dll", "coli_cuda.dll", "coli_hip.dll"};
 #else
-    return p[0] == '/';
+    static const char *const files[] = {"libcoli_ref.so", "libcoli_cuda.so", "libcoli_hip.so"};
 #endif
+    for (size_t i = 0; i < sizeof APIS / sizeof APIS[0]; i++)
+        if (!strcmp(api, APIS[i])) return files[i];
+    return NULL;
 }
 
 /* A function, not an inline comparison: with minor 0 the test is constant. */
@@ -29,13 +36,21 @@ static int abi_compatible(uint32_t version, uint32_t major, uint32_t minor) {
 
 static void *open_library(const char *path, char *err, size_t errlen) {
 #if defined(_WIN32)
-    wchar_t wide[32768];
-    if (!MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, wide, 32768)) {
+    int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, NULL, 0);
+    wchar_t *wide = n > 0 ? malloc((size_t)n * sizeof *wide) : NULL;
+    if (!wide || !MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, wide, n)) {
+        free(wide);
         snprintf(err, errlen, "backend path is not valid UTF-8: %s", path);
         return NULL;
     }
+    /* absolute path; its own folder first for its dependencies; never a bare name */
     HMODULE h = LoadLibraryExW(wide, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
-    if (!h) snprintf(err, errlen, "cannot load %s (Windows error %lu)", path, (unsigned long)GetLastError());
+    free(wide);
+    if (!h) {
+        char why[600];
+        coli_loader_error(path, why, sizeof why);
+        snprintf(err, errlen, "cannot load %s: %s", path, why);
+    }
     return (void *)h;
 #else
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -46,7 +61,10 @@ static void *open_library(const char *path, char *err, size_t errlen) {
 
 static void *find_symbol(void *h, const char *name) {
 #if defined(_WIN32)
-    return (void *)GetProcAddress((HMODULE)h, name);
+    FARPROC f = GetProcAddress((HMODULE)h, name);
+    void *p;
+    memcpy(&p, &f, sizeof p); /* function and object pointers share a representation on Windows x64 */
+    return p;
 #else
     return dlsym(h, name);
 #endif
@@ -60,21 +78,40 @@ static void close_library(void *h) {
 #endif
 }
 
-int coli_backend_open(const char *path, coli_backend *out, char *err, size_t errlen) {
+static int is_hip(const char *spec, const char *path) {
+    const char *base = path + strlen(path);
+    while (base > path && base[-1] != '/' && base[-1] != '\\') base--;
+    const char *hip = coli_backend_file("hip");
+#if defined(_WIN32)
+    return !strcmp(spec, "hip") || !_stricmp(base, hip);
+#else
+    return !strcmp(spec, "hip") || !strcmp(base, hip);
+#endif
+}
+
+static int resolve(const char *spec, char *path, size_t pathlen, char *err, size_t errlen) {
+    const char *file = coli_backend_file(spec);
+    if (file) {
+        char dir[4096];
+        if (coli_exe_dir(dir, sizeof dir) || coli_path_join(dir, file, STYLE, path, pathlen)) {
+            snprintf(err, errlen, "cannot find the executable's own folder to load %s from", file);
+            return 1;
+        }
+        return 0;
+    }
+    if (coli_runtime_dir_form(spec, STYLE) != DIR_OK) {
+        snprintf(err, errlen, "backend must be ref, cuda, hip or an absolute path, got '%s'", spec);
+        return 1;
+    }
+    if (snprintf(path, pathlen, "%s", spec) >= (int)pathlen) {
+        snprintf(err, errlen, "backend path is longer than %zu bytes", pathlen - 1);
+        return 1;
+    }
+    return 0;
+}
+
+static int open_resolved(const char *path, coli_backend *out, char *err, size_t errlen) {
     struct stat st;
-    memset(out, 0, sizeof *out);
-    if (!path || !*path) {
-        snprintf(err, errlen, "no backend path given");
-        return 1;
-    }
-    if (!is_absolute(path)) {
-        snprintf(err, errlen, "backend path must be absolute, got '%s'", path);
-        return 1;
-    }
-    if (strlen(path) >= sizeof out->path) {
-        snprintf(err, errlen, "backend path is longer than %zu bytes", sizeof out->path - 1);
-        return 1;
-    }
     if (stat(path, &st) != 0) {
         snprintf(err, errlen, "backend %s does not exist", path);
         return 1;
@@ -108,10 +145,59 @@ int coli_backend_open(const char *path, coli_backend *out, char *err, size_t err
     return 0;
 }
 
+int coli_backend_open(const char *spec, coli_backend *out, char *err, size_t errlen) {
+    char path[4096], why[1500];
+    memset(out, 0, sizeof *out);
+    if (!spec || !*spec) {
+        snprintf(err, errlen, "[backend] no backend given");
+        return 1;
+    }
+    if (resolve(spec, path, sizeof path, why, sizeof why)) {
+        snprintf(err, errlen, "[backend] %s", why);
+        return 1;
+    }
+    if (!is_hip(spec, path)) { /* CUDA and reference backends: COLI_HIP_RUNTIME_DIR plays no part */
+        if (open_resolved(path, out, why, sizeof why)) {
+            snprintf(err, errlen, "[backend] %s", why);
+            return 1;
+        }
+        return 0;
+    }
+    coli_hip_binding *hip = calloc(1, sizeof *hip);
+    if (!hip) {
+        snprintf(err, errlen, "[HIP] out of memory");
+        return 1;
+    }
+    if (coli_hip_bind(hip, err, errlen)) {
+        free(hip);
+        return 1;
+    }
+    if (open_resolved(path, out, why, sizeof why)) {
+        snprintf(err, errlen, "[HIP] %s", why);
+        coli_hip_release(hip);
+        free(hip);
+        return 1;
+    }
+    /* the backend's own imports could have pulled in another runtime */
+    if (coli_hip_verify(hip, "after the backend loaded", err, errlen)) {
+        close_library(out->handle);
+        memset(out, 0, sizeof *out);
+        coli_hip_release(hip);
+        free(hip);
+        return 1;
+    }
+    out->hip = hip;
+    return 0;
+}
+
 void coli_backend_close(coli_backend *b) {
     if (b->handle) {
         b->api.backend_shutdown();
         close_library(b->handle);
+    }
+    if (b->hip) { /* reverse order: the backend, then the runtime it bound to */
+        coli_hip_release(b->hip);
+        free(b->hip);
     }
     memset(b, 0, sizeof *b);
 }

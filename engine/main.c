@@ -38,7 +38,8 @@ static const char USAGE[] =
     "  --teacher-force    the argmax at every input position\n"
     "  --generate N       N greedy tokens after the ids\n"
     "  --quant MODE       f32 (default), int8 or int4 weights for the dense matmuls\n"
-    "  --backend PATH     run dense matmuls in this backend library (absolute path); none: CPU\n"
+    "  --backend B        run dense matmuls in backend B: ref, cuda or hip (from this program's folder),\n"
+    "                     an absolute path, or none (CPU). hip binds the runtime in COLI_HIP_RUNTIME_DIR\n"
     "  --threads N        CPU threads (default: the CPUs available, at most 16)\n"
     "  --device N         backend device index (default 0)\n"
     "  --json             one JSON object on stdout\n"
@@ -182,7 +183,7 @@ int main(int argc, char **argv) {
         if (!backend_path) return usage_error("--selftest needs --backend PATH", NULL);
         if (coli_backend_open(backend_path, &b, err, sizeof err) != 0) {
             if (json) printf("{\"backend\": null, \"available\": false, \"passed\": false}\n");
-            fprintf(stderr, "[backend] %s; GPU tier disabled (CPU path remains active)\n", err);
+            fprintf(stderr, "%s; GPU tier disabled (CPU path remains active)\n", err);
             return SELFTEST_LOAD_FAILED;
         }
         int rc = coli_selftest(&b, device, json, stdout);
@@ -205,12 +206,12 @@ int main(int argc, char **argv) {
         if (coli_backend_open(backend_path, &b, err, sizeof err) != 0) {
             snprintf(backend_error, sizeof backend_error, "%s", err);
         } else if (b.api.backend_init(device) != COLI_OK) {
-            snprintf(backend_error, sizeof backend_error, "%s: init failed: %s", b.name, b.api.last_error());
+            snprintf(backend_error, sizeof backend_error, "[%s] backend init failed: %s", b.name, b.api.last_error());
             coli_backend_close(&b);
         } else {
             have_backend = 1;
         }
-        if (!have_backend) fprintf(stderr, "[backend] %s; GPU tier disabled (CPU path remains active)\n", backend_error);
+        if (!have_backend) fprintf(stderr, "%s; GPU tier disabled (CPU path remains active)\n", backend_error);
     }
     char device_name[160] = "cpu";
     if (have_backend) {

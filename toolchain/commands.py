@@ -23,6 +23,7 @@ __all__ = [
 HOST_SOURCES = (
     "engine/main.c",
     "engine/loader.c",
+    "engine/hip_binding.c",
     "engine/selftest.c",
     "engine/json_out.c",
     "engine/json.c",
@@ -34,6 +35,7 @@ HOST_SOURCES = (
 )
 HOST_HEADERS = (
     "engine/loader.h",
+    "engine/hip_binding.h",
     "engine/selftest.h",
     "engine/json_out.h",
     "engine/json.h",
@@ -109,6 +111,7 @@ def host_command(plan: Plan, output: Path) -> Command:
         *_prefix_maps(plan),
         *(MINGW_DEFINES if plan.windows else ()),
         f'-DCOLI_VERSION="{cfg.version}"',
+        *_runtime_name(plan),
         f"-I{plan.gen_dir}",
         f"-I{plan.root / 'kernels'}",
         f"-I{plan.root / 'engine'}",
@@ -122,6 +125,14 @@ def host_command(plan: Plan, output: Path) -> Command:
         argv += ["-Wl,--build-id=none"]
     argv += ["-lm", "-lpthread"]
     return Command(tuple(argv), output)
+
+
+def _runtime_name(plan: Plan) -> list[str]:
+    """The HIP runtime the host's binding contract looks for: the SDK's soname on
+    Linux; on Windows the engine's default (amdhip64_7.dll)."""
+    if plan.windows or not any(b.api == "hip" for b in plan.backends):
+        return []
+    return [f'-DCOLI_HIP_RUNTIME_NAME="{plan.hip.runtime_name}"']
 
 
 def backend_inputs(plan: Plan, spec: BackendSpec) -> list[Path]:

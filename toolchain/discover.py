@@ -91,6 +91,7 @@ class HipSdk:
     version: str
     compiler_version: str
     sources: Mapping[str, str] = field(default_factory=dict)
+    runtime_name: str = "libamdhip64.so"  # the soname backends record in DT_NEEDED
 
     def isa_file(self, arch: str) -> Path:
         return self.device_lib_dir / f"oclc_isa_version_{arch.removeprefix('gfx')}.bc"
@@ -118,6 +119,7 @@ class HipSdk:
             "include_dir": str(self.include_dir),
             "lib_dir": str(self.lib_dir),
             "device_lib_dir": str(self.device_lib_dir),
+            "runtime_name": self.runtime_name,
         }
 
 
@@ -230,6 +232,25 @@ def _hip_version(include_dir: Path) -> str:
     return ".".join(m.group(1) for m in parts if m) or "unknown"
 
 
+def _soname(lib: Path) -> str:
+    """DT_SONAME of the HIP runtime (libamdhip64.so.5 on ROCm 5): the name a backend
+    links against, and so the name the host's runtime binding looks for."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with lib.open("rb") as fh:
+            for section in ELFFile(fh).iter_sections():
+                if isinstance(section, DynamicSection):
+                    for tag in section.iter_tags():
+                        if tag.entry.d_tag == "DT_SONAME":
+                            return str(tag.soname)  # type: ignore[attr-defined]
+    except (OSError, ELFError):
+        pass
+    return lib.resolve().name if lib.exists() else lib.name
+
+
 def _first_dir(candidates: list[Path], marker: str) -> Path | None:
     for c in candidates:
         if (c / marker).exists():
@@ -301,6 +322,7 @@ def _find_hip(rc: ResolvedConfig, env: Mapping[str, str], prober: Prober) -> Hip
     if not bundler.is_file():
         return Missing("hip compiler", f"{compiler} has no clang-offload-bundler beside it", hint)
     return HipSdk(
+        runtime_name=_soname(lib / "libamdhip64.so"),
         root=root,
         bin_dir=bin_dir,
         include_dir=include,

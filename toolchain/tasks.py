@@ -341,8 +341,10 @@ class _Graph:
     def _validate_backend(self, spec: BackendSpec, out: Path) -> None:
         cfg = self.plan.rc.config.validate_
         lib = self.host_path(self.plan.backend_lib(spec))
+        # the HIP backend binds exactly the configured runtime: here, the SDK's own
+        env = {"COLI_HIP_RUNTIME_DIR": str(self.plan.hip.lib_dir)} if spec.api == "hip" else {}
         result = self._no_wine(spec.key) or validate_backend(
-            self.launcher(), self.plan.host_exe, lib, self.models(), cfg.quants, self.host_path, spec.key
+            self.launcher(), self.plan.host_exe, lib, self.models(), cfg.quants, self.host_path, spec.key, env
         )
         self._report(result, out)
 

@@ -12,8 +12,9 @@ the engine's own reason; only a wrong answer fails.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,12 @@ class _Run:
     message: str  # the engine's last stderr line
 
 
-def _engine(launcher: Sequence[str], host: Path, args: Sequence[str], timeout: float = 600) -> _Run:
+def _engine(
+    launcher: Sequence[str], host: Path, args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 600
+) -> _Run:
     argv = [*launcher, str(host), *args, "--json"]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _Run(None, -1, f"cannot run {host.name}: {exc}")
     message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
@@ -62,9 +65,11 @@ def _engine(launcher: Sequence[str], host: Path, args: Sequence[str], timeout: f
     return _Run(data, proc.returncode, message)
 
 
-def run_selftest(launcher: Sequence[str], host: Path, lib: str, label: str) -> Validation:
+def run_selftest(
+    launcher: Sequence[str], host: Path, lib: str, label: str, env: Mapping[str, str] | None = None
+) -> Validation:
     """The backend's own ops against the CPU path; not-run when its device cannot start."""
-    run = _engine(launcher, host, ["--backend", lib, "--selftest"])
+    run = _engine(launcher, host, ["--backend", lib, "--selftest"], env)
     detail = run.data or {}
     if run.rc == UNAVAILABLE:
         return Validation(label, "not-run", run.message or "backend unavailable", selftest=detail)
@@ -142,9 +147,11 @@ def validate_backend(
     quants: Sequence[str],
     path_of: PathFn,
     label: str,
+    env: Mapping[str, str] | None = None,
 ) -> Validation:
-    """Selftest, then the engine through the backend against the CPU path at each format."""
-    selftest = run_selftest(launcher, host, lib, label)
+    """Selftest, then the engine through the backend against the CPU path at each format.
+    `env` reaches the backend runs (COLI_HIP_RUNTIME_DIR for a HIP backend)."""
+    selftest = run_selftest(launcher, host, lib, label, env)
     if selftest.status != "passed":
         return selftest
     checks: list[dict[str, Any]] = []
@@ -153,7 +160,7 @@ def validate_backend(
         for quant in quants:
             base = ["--model", path_of(model), "--ids", _ids(exp["ids"]), "--teacher-force", "--quant", quant]
             cpu = _engine(launcher, host, [*base, "--backend", "none", "--threads", "2"])
-            dev = _engine(launcher, host, [*base, "--backend", lib])
+            dev = _engine(launcher, host, [*base, "--backend", lib], env)
             name = f"{model.name} {quant}: backend vs cpu, teacher forcing"
             if cpu.data is None or cpu.rc != 0:
                 checks.append(_failed_run(name, cpu))

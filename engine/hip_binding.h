@@ -1,0 +1,111 @@
+/* The HIP runtime binding contract: the host binds exactly the runtime that
+ * COLI_HIP_RUNTIME_DIR names, or refuses the GPU tier. Identity is the physical
+ * file (volume + file id, or st_dev + st_ino), never path text.
+ *
+ * The pure helpers (path rules, join, identity comparison, the decision) are
+ * separate from the system calls so they can be tested on their own. */
+#ifndef COLI_HIP_BINDING_H
+#define COLI_HIP_BINDING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define COLI_HIP_RUNTIME_NAME_DEFAULT "amdhip64_7.dll"
+#else
+#define COLI_HIP_RUNTIME_NAME_DEFAULT "libamdhip64.so.5"
+#endif
+#ifndef COLI_HIP_RUNTIME_NAME
+#define COLI_HIP_RUNTIME_NAME COLI_HIP_RUNTIME_NAME_DEFAULT
+#endif
+
+#define COLI_HIP_RUNTIME_ENV "COLI_HIP_RUNTIME_DIR"
+
+/* ---- pure helpers ------------------------------------------------------- */
+
+typedef enum { PATH_STYLE_POSIX, PATH_STYLE_WINDOWS } path_style;
+
+typedef enum {
+    DIR_OK,
+    DIR_UNSET,
+    DIR_EMPTY,
+    DIR_RELATIVE,
+    DIR_DRIVE_RELATIVE, /* C:runtime */
+    DIR_ROOT_RELATIVE,  /* \runtime */
+} dir_form;
+
+/* Classifies a COLI_HIP_RUNTIME_DIR value by its text alone (NULL: unset). */
+dir_form coli_runtime_dir_form(const char *value, path_style style);
+
+/* dir + sep + name with exactly one separator between them; 0 on success. */
+int coli_path_join(const char *dir, const char *name, path_style style, char *out, size_t outlen);
+
+typedef enum { FILE_ID_NONE, FILE_ID_LEGACY, FILE_ID_EXTENDED, FILE_ID_POSIX } file_id_format;
+
+/* LEGACY: volume serial (32 bits) + file index (64); EXTENDED: FILE_ID_INFO's
+ * volume serial (64) + 128-bit id; POSIX: st_dev + st_ino. */
+typedef struct coli_file_id {
+    file_id_format format;
+    uint64_t volume;
+    uint8_t id[16];
+} coli_file_id;
+
+typedef enum { ID_SAME, ID_DIFFERENT, ID_UNKNOWN } id_compare;
+
+/* Two identities of different formats are never compared: ID_UNKNOWN. */
+id_compare coli_file_id_compare(const coli_file_id *a, const coli_file_id *b);
+
+typedef enum {
+    BIND_LOAD,               /* none mapped: load the configured file by its exact path */
+    BIND_REUSE,              /* the configured file is the one mapped */
+    BIND_REJECT_DIFFERENT,   /* another file of that name is mapped */
+    BIND_REJECT_MULTIPLE,    /* more than one is mapped */
+    BIND_REJECT_UNVERIFIABLE /* the inventory or an identity could not be established */
+} bind_decision;
+
+/* inventory_ok: the enumeration completed (a failed one is never "none loaded");
+ * mapped: distinct files mapped under the runtime's name; single: how the one
+ * mapped file compares with the configured one (ignored unless mapped == 1). */
+bind_decision coli_bind_decide(int inventory_ok, int mapped, id_compare single);
+const char *coli_bind_decision_name(bind_decision d);
+
+/* ---- the contract --------------------------------------------------------- */
+
+typedef struct coli_hip_binding {
+    void *runtime;           /* the handle this host acquired, or NULL when reused */
+    char runtime_path[4096]; /* the configured file */
+    coli_file_id identity;
+    int reused;
+} coli_hip_binding;
+
+/* Validates COLI_HIP_RUNTIME_DIR, inventories the mapped runtimes, decides, and
+ * loads or reuses the configured runtime; verifies it after it maps. 0 on
+ * success; otherwise `err` holds one line starting "[HIP] " (the caller adds
+ * that the GPU tier is off) and nothing stays acquired. */
+int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen);
+
+/* Re-checks, after the backend mapped, that exactly the configured runtime is mapped. */
+int coli_hip_verify(const coli_hip_binding *b, const char *stage, char *err, size_t errlen);
+
+void coli_hip_release(coli_hip_binding *b);
+
+/* ---- platform pieces, exposed for the contract tests ----------------------- */
+
+/* 0 with the file's identity; -1 when it cannot be established. `want` is the
+ * format to produce (FILE_ID_NONE: the best available). */
+int coli_file_identity(const char *path, file_id_format want, coli_file_id *out);
+
+/* Distinct files mapped in this process whose name is `name` (Windows: case-
+ * insensitive module name; POSIX: the soname family, libfoo.so*). Returns the
+ * count, or -1 when the enumeration failed. ids (up to max) get their identities
+ * in `format`; an identity that cannot be read is FILE_ID_NONE. */
+int coli_runtime_inventory(const char *name, file_id_format format, coli_file_id *ids, int max);
+
+/* The directory of the running executable, without a trailing separator. */
+int coli_exe_dir(char *out, size_t outlen);
+
+/* The OS loader's error for the last failed load, classified: "missing file",
+ * "missing dependency", ... with its number, into out. */
+void coli_loader_error(const char *path, char *out, size_t outlen);
+
+#endif
