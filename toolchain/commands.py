@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .discover import HipSdk
 from .plan import BackendSpec, Plan
 
 __all__ = [
@@ -129,10 +130,12 @@ def host_command(plan: Plan, output: Path) -> Command:
 
 def _runtime_name(plan: Plan) -> list[str]:
     """The HIP runtime the host's binding contract looks for: the SDK's soname on
-    Linux; on Windows the engine's default (amdhip64_7.dll)."""
-    if plan.windows or not any(b.api == "hip" for b in plan.backends):
+    Linux; on Windows the engine's default (amdhip64_7.dll). It depends on the SDK
+    found, not on the arches asked for, so one host serves every backend."""
+    hip = plan.toolchains.hip
+    if plan.windows or not isinstance(hip, HipSdk):
         return []
-    return [f'-DCOLI_HIP_RUNTIME_NAME="{plan.hip.runtime_name}"']
+    return [f'-DCOLI_HIP_RUNTIME_NAME="{hip.runtime_name}"']
 
 
 def backend_inputs(plan: Plan, spec: BackendSpec) -> list[Path]:
