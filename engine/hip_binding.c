@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* dl_iterate_phdr */
 #endif
 #include "hip_binding.h"
+#include "utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,14 +250,6 @@ void coli_loader_error(const char *path, char *out, size_t outlen) {
     snprintf(out, outlen, "%s (Windows error %lu)", what, (unsigned long)code);
 }
 
-static int stat_dir(const char *path, int *is_dir) {
-    wchar_t *w = widen(path);
-    DWORD a = w ? GetFileAttributesW(w) : INVALID_FILE_ATTRIBUTES;
-    free(w);
-    if (a == INVALID_FILE_ATTRIBUTES) return -1;
-    *is_dir = (a & FILE_ATTRIBUTE_DIRECTORY) != 0;
-    return 0;
-}
 
 #define PREFERRED_ID FILE_ID_NONE
 
@@ -358,16 +351,16 @@ void coli_loader_error(const char *path, char *out, size_t outlen) {
     snprintf(out, outlen, "%s: %s", what, last_dl_error);
 }
 
-static int stat_dir(const char *path, int *is_dir) {
-    struct stat st;
-    if (stat(path, &st) != 0) return -1;
-    *is_dir = S_ISDIR(st.st_mode);
-    return 0;
-}
 
 #define PREFERRED_ID FILE_ID_POSIX
 
 #endif
+
+static int stat_dir(const char *path, int *is_dir) {
+    int kind = coli_path_kind(path);
+    *is_dir = kind == 1;
+    return kind < 0 ? -1 : 0;
+}
 
 /* ---- the contract --------------------------------------------------------- */
 

@@ -2,11 +2,11 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "loader.h"
+#include "utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #if defined(_WIN32)
 #include <windows.h>
@@ -111,12 +111,12 @@ static int resolve(const char *spec, char *path, size_t pathlen, char *err, size
 }
 
 static int open_resolved(const char *path, coli_backend *out, char *err, size_t errlen) {
-    struct stat st;
-    if (stat(path, &st) != 0) {
+    int kind = coli_path_kind(path);
+    if (kind < 0) {
         snprintf(err, errlen, "backend %s does not exist", path);
         return 1;
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (kind != 0) {
         snprintf(err, errlen, "backend %s is not a regular file", path);
         return 1;
     }

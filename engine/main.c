@@ -17,6 +17,7 @@
 #include <unistd.h>
 #endif
 
+#include "utf8.h"
 #include "json_out.h"
 #include "loader.h"
 #include "model.h"
@@ -127,6 +128,7 @@ static void print_ints(FILE *f, const int32_t *v, int64_t n) {
 }
 
 int main(int argc, char **argv) {
+    argv = coli_args_utf8(&argc, argv);
     const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
     int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count();
     long generate = -1, v;

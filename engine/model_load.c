@@ -7,6 +7,7 @@
 #include "cpu_ops.h"
 #include "json.h"
 #include "model.h"
+#include "utf8.h"
 
 #define Q4_GROUP 32
 
@@ -449,7 +450,7 @@ static int load_layer(loader_ctx *L, int64_t i) {
 }
 
 static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = coli_fopen(path, "rb");
     if (!f) return NULL;
     char *buf = NULL;
     size_t cap = 0, n = 0;

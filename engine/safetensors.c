@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "json.h"
+#include "utf8.h"
 
 #if defined(_WIN32)
 #include <windows.h>
@@ -297,7 +298,7 @@ static char *join(const char *dir, const char *name) {
 }
 
 static char *read_text(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = coli_fopen(path, "rb");
     if (!fp) return NULL;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);

@@ -23,6 +23,7 @@ __all__ = [
 
 HOST_SOURCES = (
     "engine/main.c",
+    "engine/utf8.c",
     "engine/loader.c",
     "engine/hip_binding.c",
     "engine/selftest.c",
@@ -36,6 +37,7 @@ HOST_SOURCES = (
 )
 HOST_HEADERS = (
     "engine/loader.h",
+    "engine/utf8.h",
     "engine/hip_binding.h",
     "engine/selftest.h",
     "engine/json_out.h",
@@ -121,7 +123,7 @@ def host_command(plan: Plan, output: Path) -> Command:
         str(output),
     ]
     if plan.windows:
-        argv += ["-static", "-Wl,--no-insert-timestamp"]
+        argv += ["-static", "-Wl,--no-insert-timestamp", "-lshell32"]
     else:
         argv += ["-Wl,--build-id=none"]
     argv += ["-lm", "-lpthread"]

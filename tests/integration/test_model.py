@@ -245,6 +245,7 @@ def test_fuzzed_headers_never_crash(tmp_path: Path) -> None:
     compile_ok(
         ["gcc", "-std=c11", "-O1", *SANITIZE, "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'engine'}",
          str(ROOT / "tests/c/fuzz_safetensors.c"), str(ROOT / "engine/safetensors.c"), str(ROOT / "engine/json.c"),
+         str(ROOT / "engine/utf8.c"),
          "-o", str(fuzz)]
     )  # fmt: skip
     for seed_file, n, seed in (

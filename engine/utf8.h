@@ -1,0 +1,19 @@
+/* Paths and arguments as UTF-8 on every platform: Windows hands main() its
+ * arguments, and the narrow file APIs their paths, in the ANSI code page,
+ * which cannot hold every name. */
+#ifndef COLI_UTF8_H
+#define COLI_UTF8_H
+
+#include <stdio.h>
+
+/* Returns argv itself on POSIX; on Windows a UTF-8 copy of the wide command line
+ * (kept for the life of the process), or argv when that fails. */
+char **coli_args_utf8(int *argc, char **argv);
+
+/* fopen of a UTF-8 path. */
+FILE *coli_fopen(const char *path, const char *mode);
+
+/* -1: does not exist, 0: a file, 1: a directory. */
+int coli_path_kind(const char *path);
+
+#endif

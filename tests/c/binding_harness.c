@@ -1,0 +1,142 @@
+/* The loader contract harness: built from the production loader source
+ * (engine/loader.c, engine/hip_binding.c) unchanged, it exposes the pure helpers
+ * and runs one loader scenario per process.
+ *
+ *   harness form VALUE|-unset [posix|windows]   -> the dir_form of a value
+ *   harness join DIR NAME [posix|windows]       -> the joined path
+ *   harness decide OK MAPPED same|different|unknown
+ *   harness identity PATH [PATH2]               -> format and whether two paths are one file
+ *   harness inventory                           -> distinct mapped runtimes (after --preload)
+ *   harness [--preload PATH]... open SPEC       -> open a backend as the host does
+ *
+ * Output is one JSON object on stdout. */
+#if !defined(_WIN32)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utf8.h"
+#include "hip_binding.h"
+#include "json_out.h"
+#include "loader.h"
+
+#if defined(_WIN32)
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#endif
+
+static path_style style_arg(int argc, char **argv, int i) {
+#if defined(_WIN32)
+    path_style dflt = PATH_STYLE_WINDOWS;
+#else
+    path_style dflt = PATH_STYLE_POSIX;
+#endif
+    if (i >= argc) return dflt;
+    return strcmp(argv[i], "windows") == 0 ? PATH_STYLE_WINDOWS : PATH_STYLE_POSIX;
+}
+
+static const char *FORMS[] = {"ok", "unset", "empty", "relative", "drive-relative", "root-relative"};
+static const char *FORMATS[] = {"none", "legacy", "extended", "posix"};
+
+static int preload(const char *path) {
+#if defined(_WIN32)
+    int n = MultiByteToWideChar(CP_UTF8, 0, path, -1, NULL, 0);
+    wchar_t *w = malloc((size_t)n * sizeof *w);
+    MultiByteToWideChar(CP_UTF8, 0, path, -1, w, n);
+    HMODULE h = LoadLibraryExW(w, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
+    free(w);
+    return h != NULL;
+#else
+    return dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL;
+#endif
+}
+
+int main(int argc, char **argv) {
+    argv = coli_args_utf8(&argc, argv);
+    int i = 1;
+    while (i + 1 < argc && strcmp(argv[i], "--preload") == 0) {
+        if (!preload(argv[i + 1])) {
+            char why[600];
+            coli_loader_error(argv[i + 1], why, sizeof why);
+            printf("{\"preload_failed\": ");
+            json_string(stdout, argv[i + 1]);
+            printf(", \"error\": ");
+            json_string(stdout, why);
+            printf("}\n");
+            return 3;
+        }
+        i += 2;
+    }
+    if (i >= argc) return 2;
+    const char *cmd = argv[i++];
+    if (!strcmp(cmd, "form") && i < argc) {
+        const char *v = strcmp(argv[i], "-unset") == 0 ? NULL : argv[i];
+        printf("{\"form\": \"%s\"}\n", FORMS[coli_runtime_dir_form(v, style_arg(argc, argv, i + 1))]);
+        return 0;
+    }
+    if (!strcmp(cmd, "join") && i + 1 < argc) {
+        char out[70000];
+        int rc = coli_path_join(argv[i], argv[i + 1], style_arg(argc, argv, i + 2), out, sizeof out);
+        printf("{\"ok\": %s, \"path\": ", rc ? "false" : "true");
+        json_string(stdout, rc ? "" : out);
+        printf("}\n");
+        return 0;
+    }
+    if (!strcmp(cmd, "decide") && i + 2 < argc) {
+        id_compare c = !strcmp(argv[i + 2], "same") ? ID_SAME : !strcmp(argv[i + 2], "different") ? ID_DIFFERENT : ID_UNKNOWN;
+        printf("{\"decision\": \"%s\"}\n", coli_bind_decision_name(coli_bind_decide(atoi(argv[i]), atoi(argv[i + 1]), c)));
+        return 0;
+    }
+    if (!strcmp(cmd, "identity") && i < argc) {
+        coli_file_id a, b;
+        int ra = coli_file_identity(argv[i], FILE_ID_NONE, &a);
+        printf("{\"format\": \"%s\"", ra ? "none" : FORMATS[a.format]);
+        if (i + 1 < argc) {
+            int rb = coli_file_identity(argv[i + 1], ra ? FILE_ID_NONE : a.format, &b);
+            id_compare c = ra || rb ? ID_UNKNOWN : coli_file_id_compare(&a, &b);
+            printf(", \"compare\": \"%s\"", c == ID_SAME ? "same" : c == ID_DIFFERENT ? "different" : "unknown");
+        }
+        printf("}\n");
+        return 0;
+    }
+    if (!strcmp(cmd, "classify") && i + 1 < argc) { /* the loader's words for an OS error number */
+        char why[600];
+#if defined(_WIN32)
+        SetLastError((DWORD)strtoul(argv[i], NULL, 10));
+#endif
+        coli_loader_error(argv[i + 1], why, sizeof why);
+        printf("{\"message\": ");
+        json_string(stdout, why);
+        printf("}\n");
+        return 0;
+    }
+    if (!strcmp(cmd, "inventory")) {
+        coli_file_id ids[8];
+        printf("{\"mapped\": %d}\n", coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, ids, 8));
+        return 0;
+    }
+    if (!strcmp(cmd, "open") && i < argc) {
+        coli_backend b;
+        char err[2048];
+        int rc = coli_backend_open(argv[i], &b, err, sizeof err);
+        printf("{\"ok\": %s, ", rc ? "false" : "true");
+        if (rc) {
+            printf("\"error\": ");
+            json_string(stdout, err);
+        } else {
+            printf("\"backend\": ");
+            json_string(stdout, b.name);
+            printf(", \"runtime\": ");
+            json_string(stdout, b.hip ? b.hip->runtime_path : NULL);
+            printf(", \"reused\": %s", b.hip && b.hip->reused ? "true" : "false");
+            coli_backend_close(&b);
+        }
+        printf("}\n");
+        return rc ? 1 : 0;
+    }
+    fprintf(stderr, "harness: unknown command\n");
+    return 2;
+}

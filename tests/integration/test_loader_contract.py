@@ -1,0 +1,262 @@
+"""The HIP runtime binding contract, scenario by scenario, each in its own
+process: on Linux natively, on Windows (MinGW builds) under Wine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need_tool
+from tests.loader_fixtures import LINUX, WINDOWS, Fixtures, build
+
+pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
+
+
+@pytest.fixture(scope="module", params=["linux", "windows"])
+def fx(request: pytest.FixtureRequest, gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
+    platform = LINUX if request.param == "linux" else WINDOWS
+    need_tool(platform.cc, *(["wine"] if platform.windows else []))
+    base = tmp_path_factory.mktemp(f"contract-{platform.name}")
+    fixtures = build(platform, base, gen_dir)
+    yield fixtures
+    # cleanup leaves nothing behind
+    import shutil
+
+    shutil.rmtree(base)
+    assert not base.exists()
+
+
+def open_hip(fx: Fixtures, env_dir: str | None, *preload: str) -> dict[str, object]:
+    args = [a for p in preload for a in ("--preload", fx.platform.host_path(fx.runtimes[p]))]
+    return fx.run(*args, "open", "hip", env={"COLI_HIP_RUNTIME_DIR": env_dir})
+
+
+# ---- the hazard the contract exists for -------------------------------------
+
+
+def test_preloading_b_satisfies_a_backend_linked_against_a(fx: Fixtures) -> None:
+    """Without the contract (the backend opened by path, not as the HIP backend), an
+    already-loaded runtime B silently serves a backend linked against A."""
+    backend = fx.platform.host_path(fx.app / fx.platform.backend)
+    copy = fx.app / ("coli_other" + Path(fx.platform.backend).suffix)
+    copy.write_bytes((fx.app / fx.platform.backend).read_bytes())
+    r = fx.run("--preload", fx.platform.host_path(fx.runtimes["B"]), "open", fx.platform.host_path(copy))
+    assert r["ok"] is True and r["backend"] == "hip-stub-B", r
+    assert backend  # the real HIP backend name is what the contract guards
+
+
+def test_preloading_a_binds_a(fx: Fixtures) -> None:
+    r = open_hip(fx, fx.dir_of("A"), "A")
+    assert r["ok"] is True and r["backend"] == "hip-stub-A" and r["reused"] is True, r
+
+
+def test_nothing_preloaded_loads_the_configured_one(fx: Fixtures) -> None:
+    for key, marker in (("A", "A"), ("B", "B")):
+        r = open_hip(fx, fx.dir_of(key))
+        assert r["ok"] is True and r["backend"] == f"hip-stub-{marker}" and r["reused"] is False, r
+
+
+# ---- COLI_HIP_RUNTIME_DIR -----------------------------------------------------
+
+
+def test_unset_and_empty(fx: Fixtures) -> None:
+    r = open_hip(fx, None)
+    assert r["rc"] == 1 and "COLI_HIP_RUNTIME_DIR is not set" in str(r["error"])
+    r = open_hip(fx, "")
+    assert r["rc"] == 1 and "is set but empty" in str(r["error"])
+
+
+@pytest.mark.parametrize("value", ["runtime", "./runtime", "../runtime", "rt A/sub"])
+def test_relative_forms(fx: Fixtures, value: str) -> None:
+    r = open_hip(fx, value.replace("/", "\\") if fx.platform.windows else value)
+    assert r["rc"] == 1 and "is a relative path" in str(r["error"]), r
+
+
+def test_drive_and_root_relative_on_windows(fx: Fixtures) -> None:
+    if not fx.platform.windows:
+        assert fx.run("form", "C:runtime", "windows")["form"] == "drive-relative"
+        assert fx.run("form", "\\runtime", "windows")["form"] == "root-relative"
+        return
+    assert "is drive-relative" in str(open_hip(fx, "C:runtime")["error"])
+    assert "relative to the current drive's root" in str(open_hip(fx, "\\runtime")["error"])
+
+
+def test_missing_file_and_folder_cases(fx: Fixtures) -> None:
+    root = fx.root
+    r = open_hip(fx, fx.platform.host_path(root / "no such folder"))
+    assert "does not exist" in str(r["error"])
+    r = open_hip(fx, fx.platform.host_path(fx.runtimes["A"]))
+    assert "is not a folder" in str(r["error"])
+    empty = root / "empty folder"
+    empty.mkdir(exist_ok=True)
+    r = open_hip(fx, fx.platform.host_path(empty))
+    assert f"has no {fx.platform.runtime}" in str(r["error"])
+    trap = root / "trap"
+    (trap / fx.platform.runtime).mkdir(parents=True, exist_ok=True)
+    r = open_hip(fx, fx.platform.host_path(trap))
+    assert "is a folder, not the runtime" in str(r["error"])
+
+
+def test_trailing_separator_and_unicode_are_accepted(fx: Fixtures) -> None:
+    sep = "\\" if fx.platform.windows else "/"
+    r = open_hip(fx, fx.dir_of("A") + sep)
+    assert r["ok"] is True and r["backend"] == "hip-stub-A", r
+    assert "tést ü" in str(r["runtime"])
+
+
+# ---- what is already mapped ---------------------------------------------------
+
+
+def test_configured_a_with_b_preloaded_is_refused(fx: Fixtures) -> None:
+    r = open_hip(fx, fx.dir_of("A"), "B")
+    assert r["rc"] == 1 and f"a different {fx.platform.runtime} is already loaded" in str(r["error"]), r
+
+
+def test_two_runtimes_preloaded_are_refused(fx: Fixtures) -> None:
+    r = open_hip(fx, fx.dir_of("A"), "A", "B")
+    if r.get("preload_failed"):
+        pytest.fail(f"the platform loader refused the second same-named runtime: {r}")
+    assert r["rc"] == 1 and f"2 files named {fx.platform.runtime} are loaded" in str(r["error"]), r
+
+
+def test_a_hard_link_to_the_configured_file_is_the_same_file(fx: Fixtures) -> None:
+    """Wine keeps the host's inode numbers as file ids, so a hard link reads as the
+    same file there as on Windows (NTFS file ids) and Linux (st_ino)."""
+    linked = fx.root / "rt link"
+    linked.mkdir(exist_ok=True)
+    target = linked / fx.platform.runtime
+    if not target.exists():
+        os.link(fx.runtimes["A"], target)
+    r = open_hip(fx, fx.platform.host_path(linked), "A")
+    assert r["ok"] is True and r["reused"] is True and r["backend"] == "hip-stub-A", r
+
+
+def test_a_runtime_missing_a_procedure_is_refused(fx: Fixtures) -> None:
+    """A backend importing a procedure the configured runtime lacks. Linux and Windows
+    refuse the load (Windows: error 127, classified by test_windows_error_words).
+    Wine differs: it binds the missing import to a stub and aborts when it is
+    called, so under Wine this checks that the process stops there, naming it."""
+    r = open_hip(fx, fx.dir_of("lean"))
+    assert r["rc"] != 0, r
+    if fx.platform.windows:
+        assert "coli_stub_runtime_extra" in str(r["stderr"]), r
+    else:
+        assert "coli_stub_runtime_extra" in str(r["error"]), r
+
+
+@pytest.mark.parametrize(
+    ("code", "exists", "words"),
+    [
+        (2, False, "the file does not exist (Windows error 2)"),
+        (3, False, "its folder does not exist (Windows error 3)"),
+        (5, True, "access denied (Windows error 5)"),
+        (126, False, "the module does not exist (Windows error 126)"),
+        (126, True, "it exists as a file, so a DLL it depends on is missing (Windows error 126)"),
+        (127, True, "a procedure it imports is missing from a dependency (Windows error 127)"),
+        (193, True, "it is not a valid Windows image for this machine (Windows error 193)"),
+    ],
+)
+def test_windows_error_words(fx: Fixtures, code: int, exists: bool, words: str) -> None:
+    """Each Windows loader error has its own words, so missing file, missing dependency,
+    missing procedure and invalid image can be told apart. On Linux, where dlerror
+    gives the reason, the words say whether the file exists."""
+    path = fx.runtimes["A"] if exists else fx.root / "absent.dll"
+    message = fx.run("classify", str(code), fx.platform.host_path(path))["message"]
+    if fx.platform.windows:
+        assert message == words
+    else:
+        assert message.startswith("the dynamic loader refused it" if exists else "the file does not exist")
+
+
+def test_an_invalid_runtime_image_is_refused(fx: Fixtures) -> None:
+    bad = fx.root / "rt bad"
+    bad.mkdir(exist_ok=True)
+    (bad / fx.platform.runtime).write_text("not an image")
+    r = open_hip(fx, fx.platform.host_path(bad))
+    assert r["rc"] == 1 and "cannot load the runtime" in str(r["error"]), r
+    if fx.platform.windows:
+        assert "Windows error 193" in str(r["error"]), r
+
+
+# ---- the backend's own folder, and the other modes ----------------------------
+
+
+def test_the_hip_backend_comes_from_the_executables_folder_only(fx: Fixtures) -> None:
+    moved = fx.app / "elsewhere"
+    moved.mkdir(exist_ok=True)
+    (fx.app / fx.platform.backend).rename(moved / fx.platform.backend)
+    try:
+        r = open_hip(fx, fx.dir_of("A"))
+        assert r["rc"] == 1 and "does not exist" in str(r["error"]) and "app dir ü" in str(r["error"]), r
+    finally:
+        (moved / fx.platform.backend).rename(fx.app / fx.platform.backend)
+
+
+def test_other_modes_ignore_coli_hip_runtime_dir(fx: Fixtures) -> None:
+    copy = fx.app / ("coli_other" + Path(fx.platform.backend).suffix)
+    copy.write_bytes((fx.app / fx.platform.backend).read_bytes())
+    r = fx.run("--preload", fx.platform.host_path(fx.runtimes["A"]), "open", fx.platform.host_path(copy),
+               env={"COLI_HIP_RUNTIME_DIR": "relative garbage"})  # fmt: skip
+    assert r["ok"] is True and r["runtime"] is None, r
+
+
+# ---- the pure helpers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ok", "mapped", "single", "decision"),
+    [
+        ("1", "0", "unknown", "load"),
+        ("1", "1", "same", "reuse"),
+        ("1", "1", "different", "reject-different"),
+        ("1", "1", "unknown", "reject-unverifiable"),
+        ("1", "2", "same", "reject-multiple"),
+        ("0", "0", "unknown", "reject-unverifiable"),  # a failed inventory is never "none loaded"
+        ("0", "1", "same", "reject-unverifiable"),
+    ],
+)
+def test_decision_table(fx: Fixtures, ok: str, mapped: str, single: str, decision: str) -> None:
+    assert fx.run("decide", ok, mapped, single)["decision"] == decision
+
+
+def test_identity(fx: Fixtures) -> None:
+    a, b = fx.platform.host_path(fx.runtimes["A"]), fx.platform.host_path(fx.runtimes["B"])
+    assert fx.run("identity", a, a)["compare"] == "same"
+    assert fx.run("identity", a, b)["compare"] == "different"
+    sep = "\\" if fx.platform.windows else "/"
+    dotted = fx.dir_of("A") + f"{sep}..{sep}rt A{sep}" + fx.platform.runtime
+    assert fx.run("identity", a, dotted)["compare"] == "same"
+    assert fx.run("identity", a, fx.platform.host_path(fx.root / "missing.dll"))["compare"] == "unknown"
+    expected = "extended" if fx.platform.windows else "posix"
+    assert fx.run("identity", a)["format"] in (expected, "legacy")
+
+
+def test_inventory_counts_distinct_files(fx: Fixtures) -> None:
+    a, b = fx.platform.host_path(fx.runtimes["A"]), fx.platform.host_path(fx.runtimes["B"])
+    assert fx.run("inventory")["mapped"] == 0
+    assert fx.run("--preload", a, "inventory")["mapped"] == 1
+    assert fx.run("--preload", a, "--preload", a, "inventory")["mapped"] == 1  # repeated loads count once
+    assert fx.run("--preload", a, "--preload", b, "inventory")["mapped"] == 2
+
+
+@pytest.mark.parametrize(
+    ("dir_", "name", "style", "joined"),
+    [
+        ("/opt/rocm/lib", "libamdhip64.so.5", "posix", "/opt/rocm/lib/libamdhip64.so.5"),
+        ("/opt/rocm/lib///", "x", "posix", "/opt/rocm/lib/x"),
+        ("C:\\ROCm\\bin", "amdhip64_7.dll", "windows", "C:\\ROCm\\bin\\amdhip64_7.dll"),
+        ("C:\\ROCm\\bin\\/", "amdhip64_7.dll", "windows", "C:\\ROCm\\bin\\amdhip64_7.dll"),
+        ("\\\\?\\C:\\long", "amdhip64_7.dll", "windows", "\\\\?\\C:\\long\\amdhip64_7.dll"),
+    ],
+)
+def test_join_has_exactly_one_separator(fx: Fixtures, dir_: str, name: str, style: str, joined: str) -> None:
+    assert fx.run("join", dir_, name, style)["path"] == joined
+
+
+def test_join_beyond_max_path(fx: Fixtures) -> None:
+    long_dir = "C:\\" + "\\".join(["segment" * 4] * 20)
+    r = fx.run("join", long_dir, "amdhip64_7.dll", "windows")
+    assert len(str(r["path"])) > 260 and str(r["path"]).endswith("\\amdhip64_7.dll")

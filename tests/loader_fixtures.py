@@ -1,0 +1,132 @@
+"""Fixtures for the loader contract: stub runtimes, a fake HIP backend and the
+harness, rendered from toolchain/templates/stubs and built on the fly with the
+platform's real compiler, under a folder whose path holds a space and non-ASCII
+letters. Windows fixtures are built with MinGW and run under Wine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "toolchain" / "templates" / "stubs"
+
+
+@dataclass
+class Platform:
+    name: str  # linux or windows
+    cc: str
+    runtime: str  # the runtime's file name
+    backend: str  # the HIP backend's file name
+    exe: str  # suffix of executables
+
+    @property
+    def windows(self) -> bool:
+        return self.name == "windows"
+
+    def host_path(self, p: Path | str) -> str:
+        return "Z:" + str(p).replace("/", "\\") if self.windows else str(p)
+
+
+LINUX = Platform("linux", "gcc", "libamdhip64.so.5", "libcoli_hip.so", "")
+WINDOWS = Platform("windows", "x86_64-w64-mingw32-gcc", "amdhip64_7.dll", "coli_hip.dll", ".exe")
+
+
+def _render(name: str, **values: Any) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined)
+    return env.get_template(name).render(**values)
+
+
+def _cc(platform: Platform, *args: str | Path) -> None:
+    argv = [platform.cc, "-std=c11", "-O1", "-Wall", "-Wextra", *(str(a) for a in args)]
+    if platform.windows:
+        # no libgcc_s_seh-1.dll: the fixtures depend on the stub runtime and the system only
+        argv[1:1] = ["-D__USE_MINGW_ANSI_STDIO=1", "-static-libgcc"]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"
+
+
+@dataclass
+class Fixtures:
+    platform: Platform
+    root: Path
+    app: Path  # the harness and the HIP backend, side by side
+    runtimes: dict[str, Path] = field(default_factory=dict)  # "A", "B", "lean" -> runtime file
+
+    @property
+    def harness(self) -> Path:
+        return self.app / f"harness{self.platform.exe}"
+
+    def dir_of(self, key: str) -> str:
+        return self.platform.host_path(self.runtimes[key].parent)
+
+    def run(self, *args: str, env: dict[str, str | None] | None = None) -> dict[str, Any]:
+        """One scenario in its own process; JSON result plus 'rc'."""
+        full = {k: v for k, v in os.environ.items() if k not in ("COLI_HIP_RUNTIME_DIR", "LD_PRELOAD")}
+        full["WINEDEBUG"] = "-all"
+        for k, v in (env or {}).items():
+            if v is None:
+                full.pop(k, None)
+            else:
+                full[k] = v
+        argv = [str(self.harness), *args]
+        if self.platform.windows:
+            argv.insert(0, "wine")
+        proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
+        stdout = proc.stdout.decode("utf-8", "replace")
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        data: dict[str, Any] = json.loads(lines[-1]) if lines else {"no_json": True}
+        data["rc"] = proc.returncode
+        data["stderr"] = proc.stderr.decode("utf-8", "replace")
+        return data
+
+
+def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
+    root = base / "contract tést ü"
+    fx = Fixtures(platform, root, root / "app dir ü")
+    fx.app.mkdir(parents=True)
+    src = root / "src"
+    src.mkdir()
+    for key, marker, lean in (("A", "A", False), ("B", "B", False), ("lean", "L", True)):
+        c = src / f"runtime_{key}.c"
+        c.write_text(_render("runtime.c.j2", marker=marker, lean=lean))
+        out = root / f"rt {key}" / platform.runtime
+        out.parent.mkdir()
+        soname = [] if platform.windows else ["-fPIC", f"-Wl,-soname,{platform.runtime}"]
+        _cc(platform, "-shared", *soname, c, "-o", out)
+        fx.runtimes[key] = out
+    inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+    backend_c = src / "backend.c"
+    backend_c.write_text(_render("backend.c.j2", needs_extra=True))
+    kernels = [ROOT / "kernels/backend_ref.c", ROOT / "kernels/cpu_ops.c"]
+    link_rt = [fx.runtimes["A"]] if platform.windows else [f"-L{fx.runtimes['A'].parent}", f"-l:{platform.runtime}"]
+    pic = [] if platform.windows else ["-fPIC"]
+    objs = []
+    for k in kernels:  # the reference backend, with its name function renamed
+        o = src / (k.stem + ".o")
+        _cc(
+            platform,
+            *pic,
+            *inc,
+            "-DCOLI_BUILDING_BACKEND=1",
+            "-Dcoli_backend_name=coli_backend_name_ref",
+            "-c",
+            k,
+            "-o",
+            o,
+        )
+        objs.append(o)
+    _cc(platform, "-shared", *pic, *inc, *objs, backend_c, "-o", fx.app / platform.backend, *link_rt, "-lm")
+    harness = [ROOT / "tests/c/binding_harness.c", ROOT / "engine/loader.c", ROOT / "engine/hip_binding.c",
+               ROOT / "engine/json_out.c", ROOT / "engine/utf8.c"]  # fmt: skip
+    static = ["-static", "-lshell32"] if platform.windows else ["-ldl"]
+    _cc(platform, *inc, *harness, "-o", fx.harness, *static)
+    shutil.rmtree(src)
+    return fx
