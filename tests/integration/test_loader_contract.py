@@ -260,3 +260,58 @@ def test_join_beyond_max_path(fx: Fixtures) -> None:
     long_dir = "C:\\" + "\\".join(["segment" * 4] * 20)
     r = fx.run("join", long_dir, "amdhip64_7.dll", "windows")
     assert len(str(r["path"])) > 260 and str(r["path"]).endswith("\\amdhip64_7.dll")
+
+
+# ---- the engine end to end in HIP mode -------------------------------------------
+
+
+def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
+    """The real host (coli / coli.exe) beside the fake HIP backend: binding, backend load,
+    dense tensors resident, teacher forcing equal to the oracle and the CPU path."""
+    import json
+    import subprocess
+
+    from tests.conftest import ROOT
+    from toolchain import commands
+
+    p = fx.platform
+    host = fx.app / f"coli{p.exe}"
+    if not host.exists():
+        extra = ["-D__USE_MINGW_ANSI_STDIO=1", "-static", "-static-libgcc", "-lshell32"] if p.windows else []
+        inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+        sources = [str(ROOT / s) for s in commands.HOST_SOURCES]
+        argv = [p.cc, "-std=c11", "-O2", *inc, *sources, "-o", str(host), *extra, "-lm", "-lpthread"]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    model = ROOT / "tests/fixtures/models/glm_tiny2"
+    exp = json.loads((model / "expected.json").read_text())
+    ids = ",".join(map(str, exp["ids"]))
+    env = {**os.environ, "WINEDEBUG": "-all", "COLI_HIP_RUNTIME_DIR": fx.dir_of("A")}
+    launcher = ["wine"] if p.windows else []
+    for quant in ("f32", "int4"):
+        base = [
+            *launcher,
+            str(host),
+            "--model",
+            p.host_path(model),
+            "--ids",
+            ids,
+            "--teacher-force",
+            "--json",
+            "--quant",
+            quant,
+        ]
+        cpu = subprocess.run([*base, "--backend", "none"], capture_output=True, env=env, timeout=300)
+        hip = subprocess.run([*base, "--backend", "hip"], capture_output=True, env=env, timeout=300)
+        assert cpu.returncode == 0 and hip.returncode == 0, hip.stderr
+        c, h = json.loads(cpu.stdout), json.loads(hip.stdout)
+        assert h["backend"] == "hip-stub-A" and h["resident_tensors"] == 37, h
+        assert h["tf_pred"] == c["tf_pred"]
+        if quant == "f32":
+            assert h["tf_pred"] == exp["tf_pred"]
+    # the configured runtime is the one bound: configure B and the backend reports B
+    env["COLI_HIP_RUNTIME_DIR"] = fx.dir_of("B")
+    r = subprocess.run([*launcher, str(host), "--model", p.host_path(model), "--ids", ids, "--teacher-force", "--json",
+                        "--backend", "hip"], capture_output=True, env=env, timeout=300)  # fmt: skip
+    data = json.loads(r.stdout)
+    assert r.returncode == 0 and data["backend"] == "hip-stub-B" and data["tf_pred"] == exp["tf_pred"]
