@@ -1,0 +1,126 @@
+"""The HIP SDK on Windows, whose packagings do not share one layout: the AMD
+installer (C:\\Program Files\\AMD\\ROCm\\<ver>), TheRock builds and tarballs.
+Every component is found on its own (or set on its own in config/environment).
+
+The filesystem and the tools are reached through the `Probe` given, so the
+same code is tested here against recorded SDK trees and `hipcc --version`
+outputs, and runs against the real disk on Windows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PureWindowsPath
+
+from .config.schema import HipSection
+from .discover import Missing
+
+__all__ = ["Probe", "WinHipSdk", "find_windows_hip"]
+
+HINT = "install the AMD HIP SDK for Windows, or set HIP_SDK_ROOT (and any component: HIP_BIN_DIR, ...)"
+
+
+@dataclass(frozen=True)
+class Probe:
+    exists: Callable[[PureWindowsPath], bool]
+    listdir: Callable[[PureWindowsPath], list[str]]
+    run: Callable[[PureWindowsPath, tuple[str, ...]], str | None]
+
+
+@dataclass(frozen=True)
+class WinHipSdk:
+    root: PureWindowsPath
+    bin_dir: PureWindowsPath
+    include_dir: PureWindowsPath
+    lib_dir: PureWindowsPath
+    device_lib_dir: PureWindowsPath
+    compiler: PureWindowsPath
+    version: str
+    runtime_dll: str  # amdhip64_7.dll: the name backends import and the host binds
+    arch_tool: PureWindowsPath | None  # amdgpu-arch.exe or hipInfo.exe: arch=native needs one
+    available: tuple[str, ...] = ()  # gfx targets with a device library
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def supports(self, arch: str) -> bool:
+        return arch in self.available
+
+    def fingerprint(self) -> dict[str, str]:
+        return {"root": str(self.root), "version": self.version, "compiler": str(self.compiler),
+                "device_lib_dir": str(self.device_lib_dir), "runtime": self.runtime_dll}  # fmt: skip
+
+
+def _norm(p: str) -> PureWindowsPath:
+    return PureWindowsPath(p.replace("/", "\\"))
+
+
+def find_windows_hip(
+    cfg: HipSection, origin: Callable[[str], str], env: Mapping[str, str], probe: Probe
+) -> WinHipSdk | Missing:
+    sources: dict[str, str] = {}
+    if cfg.sdk_root:
+        root, sources["root"] = _norm(cfg.sdk_root), origin("hip.sdk_root")
+    elif env.get("HIP_PATH"):
+        root, sources["root"] = _norm(env["HIP_PATH"]), "env HIP_PATH"
+    else:
+        base = PureWindowsPath(env.get("ProgramFiles", r"C:\Program Files")) / "AMD" / "ROCm"
+        versions = sorted((v for v in probe.listdir(base) if re.fullmatch(r"\d+\.\d+", v)),
+                          key=lambda v: tuple(map(int, v.split("."))), reverse=True)  # fmt: skip
+        if not versions:
+            return Missing("hip sdk", f"no HIP_SDK_ROOT, no HIP_PATH and nothing in {base}", HINT)
+        root, sources["root"] = base / versions[0], f"newest in {base}"
+
+    def pick(
+        key: str, configured: str | None, candidates: list[PureWindowsPath], marker: str
+    ) -> PureWindowsPath | Missing:
+        if configured:
+            sources[key] = origin(f"hip.{key}")
+            p = _norm(configured)
+            return (
+                p if probe.exists(p / marker) else Missing(f"hip {key}", f"{p} ({sources[key]}) has no {marker}", HINT)
+            )
+        sources[key] = f"found under {root}"
+        for c in candidates:
+            if probe.exists(c / marker):
+                return c
+        return Missing(f"hip {key}", f"no {marker} under {root} ({sources['root']})", HINT)
+
+    llvm = root / "lib" / "llvm"
+    clang_libs = [llvm / "lib" / "clang" / v / "lib" / "amdgcn" / "bitcode"
+                  for v in sorted(probe.listdir(llvm / "lib" / "clang"), reverse=True)]  # fmt: skip
+    parts = {
+        "bin_dir": pick("bin_dir", cfg.bin_dir, [root / "bin"], "hipcc.exe" if not cfg.bin_dir else ""),
+        "include_dir": pick("include_dir", cfg.include_dir, [root / "include"], "hip\\hip_runtime.h"),
+        "lib_dir": pick("lib_dir", cfg.lib_dir, [root / "lib"], "amdhip64.lib"),
+        "device_lib_dir": pick("device_lib_dir", cfg.device_lib_dir,
+                               [root / "amdgcn" / "bitcode", llvm / "amdgcn" / "bitcode", *clang_libs], "ocml.bc"),
+        "compiler": pick("compiler", cfg.compiler and str(_norm(cfg.compiler).parent),
+                         [root / "bin", llvm / "bin"], "clang++.exe"),
+    }  # fmt: skip
+    for v in parts.values():
+        if isinstance(v, Missing):
+            return v
+    bin_dir, include, lib, devlib, compiler_dir = (
+        parts[k] for k in ("bin_dir", "include_dir", "lib_dir", "device_lib_dir", "compiler")
+    )
+    assert isinstance(bin_dir, PureWindowsPath) and isinstance(devlib, PureWindowsPath)
+    assert isinstance(include, PureWindowsPath) and isinstance(lib, PureWindowsPath)
+    assert isinstance(compiler_dir, PureWindowsPath)
+    compiler = _norm(cfg.compiler) if cfg.compiler else compiler_dir / "clang++.exe"
+    runtimes = sorted(n for n in probe.listdir(bin_dir) if re.fullmatch(r"amdhip64_\d+\.dll", n.lower()))
+    if not runtimes:
+        return Missing("hip runtime", f"no amdhip64_<N>.dll in {bin_dir}", HINT)
+    hipcc = bin_dir / "hipcc.exe"
+    out = probe.run(hipcc, ("--version",)) if probe.exists(hipcc) else None
+    m = re.search(r"HIP version:\s*(\S+)", out or "")
+    available = tuple(
+        sorted(
+            "gfx" + n.removeprefix("oclc_isa_version_").removesuffix(".bc")
+            for n in probe.listdir(devlib)
+            if n.startswith("oclc_isa_version_")
+        )
+    )
+    tool = next((bin_dir / t for t in ("amdgpu-arch.exe", "hipInfo.exe") if probe.exists(bin_dir / t)), None)
+    return WinHipSdk(root, bin_dir, include, lib, devlib, compiler, m.group(1) if m else "unknown", runtimes[-1],
+                     tool, available, sources)  # fmt: skip
