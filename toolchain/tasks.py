@@ -367,6 +367,7 @@ class _Graph:
                 self.validate_json(spec),
             ]
             state = {
+                "bundle_runtime": self.plan.rc.config.hip.bundle_runtime,
                 "name": self.package_name(spec),
                 "revision": self.revision.label,
                 "epoch": self.revision.epoch,
@@ -411,9 +412,40 @@ class _Graph:
             lib.name: lib.read_bytes(),
             "build-info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
         }
+        if spec.api == "hip":
+            files.update(self._hip_runtime_files(spec, host.name, lib.name))
         files["SHA256SUMS"] = sha256sums(files)
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
         print(f"package {dest.name}")
+
+    def _hip_runtime_files(self, spec: BackendSpec, host: str, backend: str) -> dict[str, bytes]:
+        """The runtime README, and the runtime itself only when the config asks for it."""
+        import jinja2
+
+        hip = self.plan.hip
+        runtime = "amdhip64_7.dll" if spec.windows else hip.runtime_name
+        bundled = self.plan.rc.config.hip.bundle_runtime
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATE_DIR / "package"),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        text = env.get_template("README-hip-runtime.txt.j2").render(
+            version=self.plan.rc.config.version,
+            platform=spec.platform,
+            arches=spec.arches,
+            backend=backend,
+            runtime=runtime,
+            windows=spec.windows,
+            bundled=bundled,
+            sdk_version=hip.version,
+            host=host,
+        )
+        files = {"README-hip-runtime.txt": text.encode()}
+        if bundled:
+            files[runtime] = (hip.lib_dir / runtime).read_bytes()
+        return files
 
     def task_build(self) -> dict[str, Any]:
         """Build, verify, validate and package everything the config asks for (the default task)."""

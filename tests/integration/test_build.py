@@ -31,7 +31,11 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
         with tarfile.open(package(built_project, key)) as tf:
             top = f"coli-0.1.0-{PLATFORM}-{key}"
             files = {m.name.removeprefix(top + "/"): tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
-        assert set(files) == {"coli", f"libcoli_{api}.so", "build-info.json", "SHA256SUMS"}
+        extra = {"README-hip-runtime.txt"} if api == "hip" else set()
+        assert set(files) == {"coli", f"libcoli_{api}.so", "build-info.json", "SHA256SUMS", *extra}
+        if api == "hip":  # the runtime is named, not bundled, unless the config says so
+            readme = files["README-hip-runtime.txt"].decode()
+            assert "COLI_HIP_RUNTIME_DIR" in readme and "libamdhip64.so.5" in readme and "resident_tensors" in readme
         for line in files["SHA256SUMS"].decode().splitlines():
             digest, name = line.split("  ")
             assert hashlib.sha256(files[name]).hexdigest() == digest

@@ -68,6 +68,9 @@ class HipSection(_Section):
     compiler: str | None = Field(
         None, description="HIP-capable clang++ (env HIPCC); unset: the SDK's, then clang++-19."
     )
+    bundle_runtime: bool = Field(
+        False, description="Put the HIP runtime library into HIP packages (off: users name their own runtime)."
+    )
     default_arches: tuple[str, ...] = Field(
         ("gfx1030", "gfx90a", "gfx1100", "gfx1151"),
         description="gfx targets of the default build; those the SDK cannot build are skipped with a note.",
@@ -88,6 +91,11 @@ class CudaSection(_Section):
 
 class WindowsSection(_Section):
     mingw_prefix: str = Field("x86_64-w64-mingw32-", description="Prefix of the MinGW-w64 cross tools.")
+    msvc_toolset: str = Field(
+        "14.44.35207",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="The MSVC toolset the Windows GPU backends are built with (vcvarsall -vcvars_ver).",
+    )
     wine: str = Field("wine", description="Wine launcher used to run Windows artifacts on Linux.")
 
 
