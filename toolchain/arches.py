@@ -21,7 +21,13 @@ class ArchTable:
 
     @property
     def known(self) -> tuple[str, ...]:
-        return ("cpu", *(a for f in self.hip.values() for a in f), *(a for f in self.cuda.values() for a in f))
+        """Every accepted word: cpu, native (the GPUs of this machine, via the SDK's arch tool), the arches."""
+        return (
+            "cpu",
+            "native",
+            *(a for f in self.hip.values() for a in f),
+            *(a for f in self.cuda.values() for a in f),
+        )
 
     def family_of(self, arch: str) -> str | None:
         for fams in (self.hip, self.cuda):
@@ -63,6 +69,6 @@ def arch_table() -> ArchTable:
 def api_of(arch: str) -> Api:
     if arch == "cpu":
         return "ref"
-    if arch.startswith("gfx"):
+    if arch.startswith("gfx") or arch == "native":
         return "hip"
     return "cuda"

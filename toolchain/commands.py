@@ -180,6 +180,8 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
             argv += ["-Wl,--build-id=none"]
         argv += ["-lm"]
         return Command(tuple(argv), output)
+    if plan.windows and spec.api in ("hip", "cuda"):
+        return _windows_gpu_command(plan, spec, output)
     if spec.api == "cuda":
         gencode: list[str] = []
         for i, arch in enumerate(spec.arches):
@@ -245,3 +247,26 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
 
 def host_inputs(plan: Plan) -> list[Path]:
     return [plan.root / s for s in (*HOST_SOURCES, *HOST_HEADERS)] + [plan.gen_dir / h for h in GEN_HEADERS]
+
+
+def _windows_gpu_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
+    """coli_hip.dll / coli_cuda.dll on a Windows build host, against the pinned MSVC."""
+    import os
+    from pathlib import PureWindowsPath
+
+    from .commands_windows import hip_environment, windows_cuda_argv, windows_hip_argv
+
+    msvc = plan.msvc
+    win = PureWindowsPath
+    root, gen, out = win(str(plan.root)), win(str(plan.gen_dir)), win(str(output))
+    flags = plan.rc.config.profile.gpu_flags
+    if spec.api == "hip":
+        tmp = win(str(plan.build_dir / "tmp" / spec.key))
+        full = hip_environment(plan.toolchains.win_hip, msvc, tmp, os.environ.get("SYSTEMROOT", r"C:\Windows"))
+        argv = windows_hip_argv(plan.toolchains.win_hip, spec.arches, root, gen, out, flags)
+    else:
+        full = dict(msvc.env)
+        argv = windows_cuda_argv(win(str(plan.cuda.nvcc)), spec.arches, root, gen, out, flags)
+    env = {k: v for k, v in full.items() if v is not None}
+    unset = tuple(k for k, v in full.items() if v is None)
+    return Command(tuple(argv), output, env, unset)

@@ -8,12 +8,14 @@ skips an absent API while an explicit request for it is an error (see plan.py).
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
+from typing import Any
 
 from .config import ResolvedConfig
 from .probe import Prober, which
@@ -141,6 +143,7 @@ class Toolchains:
     hip: HipSdk | Missing
     mingw_cc: Tool | Missing
     wine: Tool | Missing
+    win_hip: Any = None  # windows_sdk.WinHipSdk | Missing on a Windows build host, else None
 
     def components(self) -> list[Component]:
         rows: list[Component] = []
@@ -342,8 +345,26 @@ def discover(rc: ResolvedConfig, env: Mapping[str, str], prober: Prober) -> Tool
         "mingw cc", None, "", f"{cfg.windows.mingw_prefix}gcc", prober, ("--version",), install_hint("mingw")
     )
     wine = _find_tool("wine", None, "", cfg.windows.wine, prober, ("--version",), install_hint("wine"))
+    win_hip = None
+    if sys.platform == "win32":
+        from .windows_sdk import Probe, find_windows_hip
+
+        def run(tool: PureWindowsPath, args: tuple[str, ...]) -> str | None:
+            return prober.run(Path(str(tool)), *args)
+
+        def listdir(p: PureWindowsPath) -> list[str]:
+            d = Path(str(p))
+            return [c.name for c in d.iterdir()] if d.is_dir() else []
+
+        probe = Probe(lambda p: Path(str(p)).exists(), listdir, run)
+        win_hip = find_windows_hip(cfg.hip, rc.origin, env, probe)
     result = Toolchains(
-        host_cc=host, cuda=_find_cuda(rc, prober), hip=_find_hip(rc, env, prober), mingw_cc=mingw, wine=wine
+        host_cc=host,
+        cuda=_find_cuda(rc, prober),
+        hip=_find_hip(rc, env, prober) if sys.platform != "win32" else Missing("hip sdk", "see win_hip", ""),
+        mingw_cc=mingw,
+        wine=wine,
+        win_hip=win_hip,
     )
     prober.save()
     return result

@@ -42,7 +42,7 @@ def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) 
     config_file = Path(variables.get("config") or env.get("COLI_CONFIG") or root / "configs/default.toml")
     rc: ResolvedConfig = load_config(config_file, env, variables)
     prober = Prober((root / rc.config.build.build_dir / ".cache" / "probes.json").absolute())
-    return make_plan(rc, discover(rc, env, prober), root)
+    return make_plan(rc, discover(rc, env, prober), root, env=env)
 
 
 def doit_config(plan: Plan) -> dict[str, Any]:
@@ -142,6 +142,9 @@ class _Graph:
         tc = self.plan.toolchains
         if api in ("host", "ref"):
             return self.plan.host_cc.fingerprint()
+        if self.plan.windows and self.plan.msvc is not None:
+            chain_w: Any = tc.win_hip if api == "hip" else tc.cuda
+            return {**chain_w.fingerprint(), **self.plan.msvc.fingerprint()}
         chain = tc.hip if api == "hip" else tc.cuda
         assert not isinstance(chain, Missing)
         return chain.fingerprint()
@@ -271,7 +274,7 @@ class _Graph:
             raise VerifyError(f"{artifact.name}: " + "; ".join(report.failures()))
 
     def launcher(self) -> list[str]:
-        if not self.plan.windows:
+        if not self.plan.cross:
             return []
         wine = self.plan.toolchains.wine
         if isinstance(wine, Missing):
@@ -280,7 +283,7 @@ class _Graph:
 
     def host_path(self, path: Path) -> str:
         """A path as the host executable sees it: Wine maps the Unix root to drive Z:."""
-        return "Z:" + str(path).replace("/", "\\") if self.plan.windows else str(path)
+        return "Z:" + str(path).replace("/", "\\") if self.plan.cross else str(path)
 
     def models(self) -> list[Path]:
         return [self.root / m for m in self.plan.rc.config.validate_.models]
@@ -325,9 +328,9 @@ class _Graph:
             )
 
     def _no_wine(self, label: str) -> Validation | None:
-        if self.plan.windows and not self.launcher():
+        if self.plan.cross and not self.launcher():
             return Validation(label, "not-run", f"no Wine to run Windows binaries: {self.plan.toolchains.wine}")
-        if self.plan.windows:
+        if self.plan.cross:
             os.environ.setdefault("WINEDEBUG", "-all")
         return None
 
@@ -342,7 +345,7 @@ class _Graph:
         cfg = self.plan.rc.config.validate_
         lib = self.host_path(self.plan.backend_lib(spec))
         # the HIP backend binds exactly the configured runtime: here, the SDK's own
-        env = {"COLI_HIP_RUNTIME_DIR": str(self.plan.hip.lib_dir)} if spec.api == "hip" else {}
+        env = {"COLI_HIP_RUNTIME_DIR": self.hip_runtime_dir()} if spec.api == "hip" else {}
         result = self._no_wine(spec.key) or validate_backend(
             self.launcher(), self.plan.host_exe, lib, self.models(), cfg.quants, self.host_path, spec.key, env
         )
@@ -418,12 +421,19 @@ class _Graph:
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
         print(f"package {dest.name}")
 
+    def hip_runtime_dir(self) -> str:
+        """The runtime validation binds: the SDK's own (lib on Linux, bin on Windows)."""
+        win = self.plan.toolchains.win_hip
+        return str(win.bin_dir) if self.plan.windows and win is not None else str(self.plan.hip.lib_dir)
+
     def _hip_runtime_files(self, spec: BackendSpec, host: str, backend: str) -> dict[str, bytes]:
         """The runtime README, and the runtime itself only when the config asks for it."""
         import jinja2
 
-        hip = self.plan.hip
-        runtime = "amdhip64_7.dll" if spec.windows else hip.runtime_name
+        win = self.plan.toolchains.win_hip if spec.windows else None
+        runtime = win.runtime_dll if win is not None else self.plan.hip.runtime_name
+        runtime_dir = Path(str(win.bin_dir)) if win is not None else self.plan.hip.lib_dir
+        sdk_version = win.version if win is not None else self.plan.hip.version
         bundled = self.plan.rc.config.hip.bundle_runtime
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATE_DIR / "package"),
@@ -439,12 +449,12 @@ class _Graph:
             runtime=runtime,
             windows=spec.windows,
             bundled=bundled,
-            sdk_version=hip.version,
+            sdk_version=sdk_version,
             host=host,
         )
         files = {"README-hip-runtime.txt": text.encode()}
         if bundled:
-            files[runtime] = (hip.lib_dir / runtime).read_bytes()
+            files[runtime] = (runtime_dir / runtime).read_bytes()
         return files
 
     def task_build(self) -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""Planning a Windows build on a Windows host (injected: this machine is Linux),
+with the recorded TheRock SDK tree and a stand-in for MSVC; and arch=native."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.unit.fakes import script
+from tests.unit.test_plan import _plan
+from tests.unit.test_windows_build import ROCK_PROBE, find, msvc
+from toolchain.commands import backend_command
+from toolchain.errors import ToolchainError
+from toolchain.plan import make_plan
+
+
+def windows_plan(tmp_path: Path, variables: dict[str, str], *, msvc_ok: bool = True, tool_output: str = ""):  # type: ignore[no-untyped-def]
+    base = _plan(tmp_path, {"os": "windows", "arch": "cpu"})
+    sdk = find({"HIP_PATH": "C:/TheRock/build"}, ROCK_PROBE)
+    toolchains = replace(base.toolchains, win_hip=sdk)
+    rc = base.rc.__class__(
+        config=base.rc.config.model_copy(
+            update={"build": base.rc.config.build.model_copy(update={"arch": tuple(variables["arch"].split(","))})}
+        ),
+        origins=base.rc.origins,
+        file=base.rc.file,
+    )
+
+    def resolver(for_hip: bool):  # type: ignore[no-untyped-def]
+        if not msvc_ok:
+            raise ToolchainError("MSVC toolset 14.44.35207 is not installed; installed: 14.50.35717")
+        return msvc()
+
+    return make_plan(
+        rc, toolchains, tmp_path, host_os="win32", msvc_resolver=resolver, run_tool=lambda argv: tool_output
+    )
+
+
+def test_windows_host_builds_the_hip_dll_with_the_sdk_and_msvc(tmp_path: Path) -> None:
+    plan = windows_plan(tmp_path, {"arch": "gfx1151"})
+    (spec,) = plan.backends
+    assert spec.lib_name == "coli_hip.dll" and not plan.cross and plan.msvc.toolset == "14.44.35207"
+    cmd = backend_command(plan, spec, plan.backend_lib(spec))
+    assert cmd.argv[0] == r"C:\TheRock\build\lib\llvm\bin\clang++.exe"
+    assert "--offload-arch=gfx1151" in cmd.argv and "-fms-runtime-lib=static" in cmd.argv
+    assert cmd.env["HIP_PATH"] == r"C:\TheRock\build" and "ROCM_PATH" in cmd.unset
+    assert cmd.env["VCToolsVersion"] == "14.44.35207"
+
+
+def test_an_arch_the_windows_sdk_lacks_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainError, match="cannot build gfx1201"):
+        windows_plan(tmp_path, {"arch": "gfx1201"})
+
+
+def test_missing_msvc_is_an_error_when_asked_for(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainError, match=r"14\.44\.35207 is not installed"):
+        windows_plan(tmp_path, {"arch": "gfx1151"}, msvc_ok=False)
+
+
+def test_native_uses_the_sdks_arch_tool(tmp_path: Path) -> None:
+    plan = windows_plan(tmp_path, {"arch": "native"}, tool_output="gfx1151\\n")
+    assert plan.backends[0].arches == ("gfx1151",)
+    with pytest.raises(ToolchainError, match="arch=native: no GPU found by"):
+        windows_plan(tmp_path, {"arch": "native"}, tool_output="")
+
+
+def test_native_without_an_arch_tool_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainError, match="has no amdgpu-arch or hipInfo"):
+        _plan(tmp_path, {"arch": "native"})
+
+
+def test_native_on_linux_with_amdgpu_arch(tmp_path: Path) -> None:
+    script(tmp_path / "rocm/llvm/bin/amdgpu-arch", "gfx1030\\ngfx1030")
+    plan = _plan(tmp_path, {"arch": "native"})
+    assert [b.arches for b in plan.backends] == [("gfx1030",)]
+
+
+def test_cross_builds_from_linux_still_refuse_gpu_backends(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainError, match="cannot be cross-built from Linux"):
+        _plan(tmp_path, {"os": "windows", "arch": "gfx1151"})
+    assert _plan(tmp_path, {"os": "windows", "arch": "cpu"}).cross
