@@ -122,8 +122,21 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
             "-o",
             o,
         )
+        if platform.windows:  # drop the objects' dllexport directives: the .def below decides the exports
+            subprocess.run(["x86_64-w64-mingw32-objcopy", "--remove-section=.drectve", str(o)], check=True)
         objs.append(o)
-    _cc(platform, "-shared", *pic, *inc, *objs, backend_c, "-o", fx.app / platform.backend, *link_rt, "-lm")
+    # exactly the ABI and the test accessor, as the real backends' .def / version script do
+    names = [*(gen_dir / "exports.txt").read_text().split(), "coli_test_bound_runtime"]
+    if platform.windows:
+        exports = src / "backend.def"
+        exports.write_text("EXPORTS\n" + "".join(f"    {n}\n" for n in names))
+        export_args = [str(exports)]
+    else:
+        exports = src / "backend.map"
+        exports.write_text("{\n  global:\n" + "".join(f"    {n};\n" for n in names) + "  local:\n    *;\n};\n")
+        export_args = [f"-Wl,--version-script={exports}"]
+    _cc(platform, "-shared", *pic, *inc, *objs, backend_c, *export_args, "-o", fx.app / platform.backend, *link_rt,
+        "-lm")  # fmt: skip
     harness = [ROOT / "tests/c/binding_harness.c", ROOT / "engine/loader.c", ROOT / "engine/hip_binding.c",
                ROOT / "engine/json_out.c", ROOT / "engine/utf8.c"]  # fmt: skip
     static = ["-static", "-lshell32"] if platform.windows else ["-ldl"]

@@ -113,6 +113,15 @@ int main(int argc, char **argv) {
         printf("}\n");
         return 0;
     }
+    if (!strcmp(cmd, "formats")) { /* a legacy id and an extended one are never compared */
+        coli_file_id a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        a.format = FILE_ID_LEGACY;
+        b.format = FILE_ID_EXTENDED;
+        printf("{\"compare\": \"%s\"}\n", coli_file_id_compare(&a, &b) == ID_UNKNOWN ? "unknown" : "compared");
+        return 0;
+    }
     if (!strcmp(cmd, "inventory")) {
         coli_file_id ids[8];
         printf("{\"mapped\": %d}\n", coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, ids, 8));
@@ -132,6 +141,8 @@ int main(int argc, char **argv) {
             printf(", \"runtime\": ");
             json_string(stdout, b.hip ? b.hip->runtime_path : NULL);
             printf(", \"reused\": %s", b.hip && b.hip->reused ? "true" : "false");
+            coli_file_id ids[8];
+            printf(", \"mapped_after\": %d", coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, ids, 8));
             coli_backend_close(&b);
         }
         printf("}\n");

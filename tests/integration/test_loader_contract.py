@@ -34,6 +34,30 @@ def open_hip(fx: Fixtures, env_dir: str | None, *preload: str) -> dict[str, obje
     return fx.run(*args, "open", "hip", env={"COLI_HIP_RUNTIME_DIR": env_dir})
 
 
+# ---- the fixtures themselves ---------------------------------------------------
+
+
+def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
+    """The fake backend exports the whole ABI (plus its test accessor) and imports only
+    the runtime and system libraries; the harness comes from the production loader."""
+    from tests.conftest import ROOT
+    from toolchain.abi import load_abi
+    from toolchain.inspect import read_binary
+
+    abi = load_abi(ROOT / "kernels/abi.toml")
+    backend = read_binary(fx.app / fx.platform.backend)
+    assert set(abi.exports) | {"coli_test_bound_runtime"} == set(backend.exports)
+    assert len(abi.exports) == 16
+    if fx.platform.windows:
+        assert backend.target == "PE32+ machine 0x8664 DLL"
+        assert {i.lower() for i in backend.imports} <= {"amdhip64_7.dll", "kernel32.dll", "msvcrt.dll"}
+    else:
+        assert backend.target.startswith("ELF64 EM_X86_64")
+        assert set(backend.imports) <= {"libamdhip64.so.5", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"}
+    assert fx.platform.runtime in {i.lower() for i in backend.imports} | set(backend.imports)
+    assert (fx.root / "src").exists() is False  # rendered sources are removed once built
+
+
 # ---- the hazard the contract exists for -------------------------------------
 
 
@@ -51,6 +75,7 @@ def test_preloading_b_satisfies_a_backend_linked_against_a(fx: Fixtures) -> None
 def test_preloading_a_binds_a(fx: Fixtures) -> None:
     r = open_hip(fx, fx.dir_of("A"), "A")
     assert r["ok"] is True and r["backend"] == "hip-stub-A" and r["reused"] is True, r
+    assert r["mapped_after"] == 1  # reused, not loaded a second time
 
 
 def test_nothing_preloaded_loads_the_configured_one(fx: Fixtures) -> None:
@@ -100,11 +125,14 @@ def test_missing_file_and_folder_cases(fx: Fixtures) -> None:
     assert "is a folder, not the runtime" in str(r["error"])
 
 
-def test_trailing_separator_and_unicode_are_accepted(fx: Fixtures) -> None:
-    sep = "\\" if fx.platform.windows else "/"
-    r = open_hip(fx, fx.dir_of("A") + sep)
+@pytest.mark.parametrize("sep", ["\\", "/"])
+def test_trailing_separator_and_unicode_are_accepted(fx: Fixtures, sep: str) -> None:
+    """Both separators on Windows; on Linux a backslash is an ordinary character, so
+    there a trailing "/" is doubled instead."""
+    tail = sep if fx.platform.windows else "//"
+    r = open_hip(fx, fx.dir_of("A") + tail)
     assert r["ok"] is True and r["backend"] == "hip-stub-A", r
-    assert "tést ü" in str(r["runtime"])
+    assert "tést ü" in str(r["runtime"]) and r["mapped_after"] == 1
 
 
 # ---- what is already mapped ---------------------------------------------------
@@ -230,6 +258,15 @@ def test_identity(fx: Fixtures) -> None:
     dotted = fx.dir_of("A") + f"{sep}..{sep}rt A{sep}" + fx.platform.runtime
     assert fx.run("identity", a, dotted)["compare"] == "same"
     assert fx.run("identity", a, fx.platform.host_path(fx.root / "missing.dll"))["compare"] == "unknown"
+    link = fx.root / "identity link"
+    if not link.exists():
+        os.link(fx.runtimes["A"], link)
+    assert fx.run("identity", a, fx.platform.host_path(link))["compare"] == "same"
+    if fx.platform.windows:  # Windows paths are case-insensitive: another spelling, the same file
+        assert fx.run("identity", a, a.upper())["compare"] == "same"
+    else:
+        assert fx.run("identity", a, a.upper())["compare"] == "unknown"  # no such file on a case-sensitive disk
+    assert fx.run("formats")["compare"] == "unknown"
     expected = "extended" if fx.platform.windows else "posix"
     assert fx.run("identity", a)["format"] in (expected, "legacy")
 
@@ -240,6 +277,12 @@ def test_inventory_counts_distinct_files(fx: Fixtures) -> None:
     assert fx.run("--preload", a, "inventory")["mapped"] == 1
     assert fx.run("--preload", a, "--preload", a, "inventory")["mapped"] == 1  # repeated loads count once
     assert fx.run("--preload", a, "--preload", b, "inventory")["mapped"] == 2
+    link = fx.root / "rt link"
+    link.mkdir(exist_ok=True)
+    if not (link / fx.platform.runtime).exists():
+        os.link(fx.runtimes["A"], link / fx.platform.runtime)
+    alias = fx.platform.host_path(link / fx.platform.runtime)
+    assert fx.run("--preload", a, "--preload", alias, "inventory")["mapped"] == 1  # a hard link is the same file
 
 
 @pytest.mark.parametrize(
