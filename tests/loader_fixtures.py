@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,21 @@ class Platform:
     def windows(self) -> bool:
         return self.name == "windows"
 
+    @property
+    def under_wine(self) -> bool:
+        return self.windows and sys.platform != "win32"
+
     def host_path(self, p: Path | str) -> str:
-        return "Z:" + str(p).replace("/", "\\") if self.windows else str(p)
+        return "Z:" + str(p).replace("/", "\\") if self.under_wine else str(p)
 
 
+NATIVE_WINDOWS = sys.platform == "win32"  # MSYS2 UCRT64: gcc and objcopy are the MinGW ones
 LINUX = Platform("linux", "gcc", "libamdhip64.so.5", "libcoli_hip.so", "")
-WINDOWS = Platform("windows", "x86_64-w64-mingw32-gcc", "amdhip64_7.dll", "coli_hip.dll", ".exe")
+WINDOWS = Platform(
+    "windows", "gcc" if NATIVE_WINDOWS else "x86_64-w64-mingw32-gcc", "amdhip64_7.dll", "coli_hip.dll", ".exe"
+)
+OBJCOPY = "objcopy" if NATIVE_WINDOWS else "x86_64-w64-mingw32-objcopy"
+PLATFORMS = ["windows"] if NATIVE_WINDOWS else ["linux", "windows"]
 
 
 def _render(name: str, **values: Any) -> str:
@@ -77,7 +87,7 @@ class Fixtures:
             else:
                 full[k] = v
         argv = [str(self.harness), *args]
-        if self.platform.windows:
+        if self.platform.under_wine:
             argv.insert(0, "wine")
         proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
         stdout = proc.stdout.decode("utf-8", "replace")
@@ -123,7 +133,7 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
             o,
         )
         if platform.windows:  # drop the objects' dllexport directives: the .def below decides the exports
-            subprocess.run(["x86_64-w64-mingw32-objcopy", "--remove-section=.drectve", str(o)], check=True)
+            subprocess.run([OBJCOPY, "--remove-section=.drectve", str(o)], check=True)
         objs.append(o)
     # exactly the ABI and the test accessor, as the real backends' .def / version script do
     names = [*(gen_dir / "exports.txt").read_text().split(), "coli_test_bound_runtime"]

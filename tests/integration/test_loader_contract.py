@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_tool
-from tests.loader_fixtures import LINUX, WINDOWS, Fixtures, build
+from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build
 
 pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
 
 
-@pytest.fixture(scope="module", params=["linux", "windows"])
+@pytest.fixture(scope="module", params=PLATFORMS)
 def fx(request: pytest.FixtureRequest, gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
     platform = LINUX if request.param == "linux" else WINDOWS
-    need_tool(platform.cc, *(["wine"] if platform.windows else []))
+    need_tool(platform.cc, *(["wine"] if platform.under_wine else []))
     base = tmp_path_factory.mktemp(f"contract-{platform.name}")
     fixtures = build(platform, base, gen_dir)
     yield fixtures
@@ -330,7 +330,7 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
     exp = json.loads((model / "expected.json").read_text())
     ids = ",".join(map(str, exp["ids"]))
     env = {**os.environ, "WINEDEBUG": "-all", "COLI_HIP_RUNTIME_DIR": fx.dir_of("A")}
-    launcher = ["wine"] if p.windows else []
+    launcher = ["wine"] if p.under_wine else []
     for quant in ("f32", "int4"):
         base = [
             *launcher,
