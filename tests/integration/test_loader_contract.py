@@ -223,6 +223,18 @@ def test_the_hip_backend_comes_from_the_executables_folder_only(fx: Fixtures) ->
         (moved / fx.platform.backend).rename(fx.app / fx.platform.backend)
 
 
+def test_backend_selection_messages(fx: Fixtures) -> None:
+    """A CUDA host and a HIP host name different files and speak with different labels."""
+    cuda = fx.run("open", "cuda", env={"COLI_HIP_RUNTIME_DIR": None})
+    cuda_file = "coli_cuda.dll" if fx.platform.windows else "libcoli_cuda.so"
+    assert str(cuda["error"]).startswith("[backend] backend ") and cuda_file in str(cuda["error"]), cuda
+    assert "does not exist" in str(cuda["error"])
+    hip = fx.run("open", "hip", env={"COLI_HIP_RUNTIME_DIR": None})
+    assert str(hip["error"]).startswith("[HIP] COLI_HIP_RUNTIME_DIR is not set"), hip
+    bogus = fx.run("open", "rocm", env={"COLI_HIP_RUNTIME_DIR": None})
+    assert "backend must be ref, cuda, hip or an absolute path, got 'rocm'" in str(bogus["error"])
+
+
 def test_other_modes_ignore_coli_hip_runtime_dir(fx: Fixtures) -> None:
     copy = fx.app / ("coli_other" + Path(fx.platform.backend).suffix)
     copy.write_bytes((fx.app / fx.platform.backend).read_bytes())

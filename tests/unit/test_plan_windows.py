@@ -81,3 +81,42 @@ def test_cross_builds_from_linux_still_refuse_gpu_backends(tmp_path: Path) -> No
     with pytest.raises(ToolchainError, match="cannot be cross-built from Linux"):
         _plan(tmp_path, {"os": "windows", "arch": "gfx1151"})
     assert _plan(tmp_path, {"os": "windows", "arch": "cpu"}).cross
+
+
+def test_windows_hip_package_contents(tmp_path: Path) -> None:
+    """The windows-hip zip as the package task writes it (artifacts stood in for: they
+    are built only on Windows): coli.exe, coli_hip.dll, the runtime README rendered for
+    amdhip64_7.dll, build-info.json and SHA256SUMS; no runtime DLL unless configured."""
+    import json
+    import zipfile
+
+    from toolchain.tasks import _Graph
+
+    plan = windows_plan(tmp_path, {"arch": "gfx1151"})
+    (spec,) = plan.backends
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels/abi.toml").write_text((Path(__file__).resolve().parents[2] / "kernels/abi.toml").read_text())
+    graph = _Graph(plan)
+    plan.host_exe.parent.mkdir(parents=True)
+    plan.host_exe.write_bytes(b"MZ host")
+    plan.backend_lib(spec).parent.mkdir(parents=True)
+    plan.backend_lib(spec).write_bytes(b"MZ backend")
+    report = {"ok": True, "checks": []}
+    for path in (
+        graph.verify_json("host"),
+        graph.verify_json(spec.key),
+        graph.validate_host_json(),
+        graph.validate_json(spec),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report))
+    dest = graph.package_path(spec)
+    graph._package(spec, dest)
+    assert dest.name == "coli-0.1.0-windows-x86_64-hip-gfx1151.zip"
+    with zipfile.ZipFile(dest) as zf:
+        top = "coli-0.1.0-windows-x86_64-hip-gfx1151"
+        names = sorted(n.removeprefix(top + "/") for n in zf.namelist())
+        readme = zf.read(f"{top}/README-hip-runtime.txt").decode()
+    assert names == ["README-hip-runtime.txt", "SHA256SUMS", "build-info.json", "coli.exe", "coli_hip.dll"]
+    assert "amdhip64_7.dll" in readme and r"set COLI_HIP_RUNTIME_DIR=C:\Program Files\AMD\ROCm" in readme
+    assert "HIP SDK 7.14.60850-9b8f2a51 built it" in readme and "resident_tensors" in readme
