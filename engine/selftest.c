@@ -9,10 +9,10 @@
 #include "json_out.h"
 
 #define TOLERANCE 2e-4 /* max |y - ref| / max |ref|: float sums in a different order */
-#define Q4_GROUP 32
-
-typedef struct shape { int64_t rows, cols, s; } shape;
-static const shape SHAPES[] = {{64, 128, 1}, {96, 256, 7}, {130, 512, 33}};
+/* Decode and prefill shapes; the last two take the GPU backends' other paths (an
+ * int4 group that is not a multiple of 32, and rows that are not 32 wide). */
+typedef struct shape { int64_t rows, cols, s; int32_t group; } shape;
+static const shape SHAPES[] = {{64, 128, 1, 32}, {96, 256, 7, 32}, {130, 512, 33, 64}, {64, 96, 2, 48}, {40, 72, 3, 8}};
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
@@ -38,7 +38,7 @@ static void run_check(coli_backend *b, int format, shape sh, check *c) {
     float *y = malloc((size_t)(sh.s * sh.rows) * sizeof *y), *ref = malloc((size_t)(sh.s * sh.rows) * sizeof *ref);
     int8_t *q8 = malloc(n);
     uint8_t *q4 = malloc(n / 2);
-    float *scale = malloc((size_t)sh.rows * (size_t)(sh.cols / Q4_GROUP) * sizeof *scale);
+    float *scale = malloc((size_t)sh.rows * (size_t)(sh.cols / sh.group + 1) * sizeof *scale);
     coli_tensor t = 0;
     memset(c, 0, sizeof *c);
     c->format = format;
@@ -60,9 +60,9 @@ static void run_check(coli_backend *b, int format, shape sh, check *c) {
         coli_matmul_q8(q8, scale, sh.rows, sh.cols, x, sh.s, ref);
         c->status = b->api.tensor_upload_q8(q8, scale, sh.rows, sh.cols, &t);
     } else {
-        coli_quantize_q4(w, sh.rows, sh.cols, Q4_GROUP, q4, scale);
-        coli_matmul_q4(q4, scale, sh.rows, sh.cols, Q4_GROUP, x, sh.s, ref);
-        c->status = b->api.tensor_upload_q4(q4, scale, sh.rows, sh.cols, Q4_GROUP, &t);
+        coli_quantize_q4(w, sh.rows, sh.cols, sh.group, q4, scale);
+        coli_matmul_q4(q4, scale, sh.rows, sh.cols, sh.group, x, sh.s, ref);
+        c->status = b->api.tensor_upload_q4(q4, scale, sh.rows, sh.cols, sh.group, &t);
     }
     if (c->status == COLI_OK) c->status = b->api.matmul(t, x, sh.s, sh.cols, y);
     if (c->status != COLI_OK) {

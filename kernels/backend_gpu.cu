@@ -51,6 +51,133 @@ __global__ void matmul_kernel(const void *__restrict__ q, const float *__restric
     if (threadIdx.x == 0) y[t * rows + r] = FORMAT == COLI_FMT_Q8 ? partial[0] * scale[r] : partial[0];
 }
 
+/* The fast path: a team of 32 lanes per output row reads the row in 16-byte
+ * pieces (4 f32, 16 int8 or 32 int4 values), T tokens per pass, and reduces with
+ * shuffles. It needs rows that are whole 16-byte pieces: cols % 32 == 0. */
+#define TEAM 32
+#define TEAMS_PER_BLOCK 8
+
+template <int T>
+__device__ inline void team_reduce_store(float (&acc)[T], int lane, float *y, int64_t rows, int64_t r, int64_t t0,
+                                         int64_t s, float post) {
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float v = acc[t];
+#pragma unroll
+        for (int o = TEAM / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+        if (lane == 0 && t0 + t < s) y[(t0 + t) * rows + r] = v * post;
+    }
+}
+
+template <int FORMAT, int T>
+__global__ void __launch_bounds__(TEAM * TEAMS_PER_BLOCK)
+    team_kernel(const void *__restrict__ q, const float *__restrict__ scale, int64_t rows, int64_t cols, int32_t group,
+                const float *__restrict__ x, int64_t s, float *__restrict__ y) {
+    const int lane = threadIdx.x % TEAM;
+    const int64_t r = (int64_t)blockIdx.x * TEAMS_PER_BLOCK + threadIdx.x / TEAM;
+    const int64_t t0 = (int64_t)blockIdx.y * T;
+    if (r >= rows) return; /* no barrier follows: a whole team leaves together */
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    const int nt = (int)(s - t0 < T ? s - t0 : T);
+    if (FORMAT == COLI_FMT_F32) {
+        const float4 *w = (const float4 *)((const float *)q + r * cols);
+        for (int64_t i = lane; i < cols / 4; i += TEAM) {
+            const float4 wv = w[i];
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (t >= nt) break;
+                const float4 xv = ((const float4 *)(x + (t0 + t) * cols))[i];
+                acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+            }
+        }
+        team_reduce_store<T>(acc, lane, y, rows, r, t0, s, 1.0f);
+    } else if (FORMAT == COLI_FMT_Q8) {
+        const int4 *w = (const int4 *)((const int8_t *)q + r * cols);
+        for (int64_t i = lane; i < cols / 16; i += TEAM) {
+            const int4 packed = w[i];
+            const int8_t *b = (const int8_t *)&packed;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (t >= nt) break;
+                const float4 *xv = (const float4 *)(x + (t0 + t) * cols + i * 16);
+                float part = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float4 v = xv[k];
+                    part += v.x * (float)b[4 * k] + v.y * (float)b[4 * k + 1] + v.z * (float)b[4 * k + 2] +
+                            v.w * (float)b[4 * k + 3];
+                }
+                acc[t] += part;
+            }
+        }
+        team_reduce_store<T>(acc, lane, y, rows, r, t0, s, scale[r]);
+    } else {
+        const int4 *w = (const int4 *)((const uint8_t *)q + r * cols / 2);
+        const float *sr = scale + r * (cols / group);
+        for (int64_t i = lane; i < cols / 32; i += TEAM) { /* 32 values per 16 bytes */
+            const int4 packed = w[i];
+            const uint8_t *b = (const uint8_t *)&packed;
+            const int64_t c0 = i * 32;
+            const bool one_scale = group % 32 == 0;
+            const float s0 = sr[c0 / group];
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (t >= nt) break;
+                const float4 *xv = (const float4 *)(x + (t0 + t) * cols + c0);
+                float part = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const float4 v = xv[k];
+                    const uint8_t b0 = b[2 * k], b1 = b[2 * k + 1];
+                    const float w0 = (float)((int)(b0 & 0x0F) - 8), w1 = (float)((int)(b0 >> 4) - 8);
+                    const float w2 = (float)((int)(b1 & 0x0F) - 8), w3 = (float)((int)(b1 >> 4) - 8);
+                    if (one_scale) {
+                        part += v.x * w0 + v.y * w1 + v.z * w2 + v.w * w3;
+                    } else {
+                        const int64_t c = c0 + 4 * k;
+                        part += (v.x * w0 + v.y * w1) * sr[c / group] + (v.z * w2 + v.w * w3) * sr[(c + 2) / group];
+                    }
+                }
+                acc[t] += one_scale ? part * s0 : part;
+            }
+        }
+        team_reduce_store<T>(acc, lane, y, rows, r, t0, s, 1.0f);
+    }
+}
+
+/* Runs one matmul on device pointers: the fast kernel when the row fits it, the
+ * simple one otherwise. Shared by coli_matmul and the benchmark. */
+static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    if (w->cols % 32 == 0) {
+        dim3 block(TEAM * TEAMS_PER_BLOCK);
+        if (s == 1) {
+            dim3 grid((unsigned)((w->rows + TEAMS_PER_BLOCK - 1) / TEAMS_PER_BLOCK), 1);
+            switch (w->format) {
+            case COLI_FMT_F32: team_kernel<COLI_FMT_F32, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy); break;
+            case COLI_FMT_Q8: team_kernel<COLI_FMT_Q8, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy); break;
+            default: team_kernel<COLI_FMT_Q4, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy);
+            }
+        } else {
+            dim3 grid((unsigned)((w->rows + TEAMS_PER_BLOCK - 1) / TEAMS_PER_BLOCK), (unsigned)((s + 3) / 4));
+            switch (w->format) {
+            case COLI_FMT_F32: team_kernel<COLI_FMT_F32, 4><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy); break;
+            case COLI_FMT_Q8: team_kernel<COLI_FMT_Q8, 4><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy); break;
+            default: team_kernel<COLI_FMT_Q4, 4><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy);
+            }
+        }
+        return cudaGetLastError();
+    }
+    dim3 grid((unsigned)w->rows, (unsigned)s);
+    switch (w->format) {
+    case COLI_FMT_F32: matmul_kernel<COLI_FMT_F32><<<grid, THREADS, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, dy); break;
+    case COLI_FMT_Q8: matmul_kernel<COLI_FMT_Q8><<<grid, THREADS, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, dy); break;
+    default: matmul_kernel<COLI_FMT_Q4><<<grid, THREADS, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, dy);
+    }
+    return cudaGetLastError();
+}
+
 COLI_API uint32_t coli_abi_version(void) { return COLI_ABI_VERSION; }
 COLI_API const char *coli_backend_name(void) { return COLI_GPU_API; }
 COLI_API const char *coli_last_error(void) { return coli_error_get(); }
@@ -211,18 +338,7 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
     size_t xb = (size_t)s * (size_t)w->cols * sizeof(float), yb = (size_t)s * (size_t)w->rows * sizeof(float);
     if ((st = grow(&g_x, &g_x_cap, xb)) || (st = grow(&g_y, &g_y_cap, yb))) return st;
     GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
-    dim3 grid((unsigned)w->rows, (unsigned)s);
-    switch (w->format) {
-    case COLI_FMT_F32:
-        matmul_kernel<COLI_FMT_F32><<<grid, THREADS>>>(w->q, w->scale, w->rows, w->cols, w->group, g_x, g_y);
-        break;
-    case COLI_FMT_Q8:
-        matmul_kernel<COLI_FMT_Q8><<<grid, THREADS>>>(w->q, w->scale, w->rows, w->cols, w->group, g_x, g_y);
-        break;
-    default:
-        matmul_kernel<COLI_FMT_Q4><<<grid, THREADS>>>(w->q, w->scale, w->rows, w->cols, w->group, g_x, g_y);
-    }
-    GPU_CHECK(cudaGetLastError());
+    GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0));
     GPU_CHECK(cudaMemcpy(y, g_y, yb, cudaMemcpyDeviceToHost));
     return COLI_OK;
 }

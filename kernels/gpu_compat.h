@@ -24,11 +24,15 @@
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaGetLastError hipGetLastError
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "%.31s", (prop).gcnArchName)
+#define cudaStream_t hipStream_t
+/* lanes exchange within 32-lane teams: a 64-wide wavefront holds two teams */
+#define COLI_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
 #else
 #include <cuda_runtime.h>
 #define COLI_GPU_API "cuda"
 #define COLI_GPU_TAG 0x4355 /* "CU" */
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "sm_%d%d", (prop).major, (prop).minor)
+#define COLI_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
 #endif
 
 #endif

@@ -27,7 +27,7 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
     result = json.loads(proc.stdout)
     assert result["passed"] is True and result["backend"] == "ref"
-    assert len(result["checks"]) == 9 and all(c["ok"] for c in result["checks"])
+    assert len(result["checks"]) == 15 and all(c["ok"] for c in result["checks"])
     assert {c["format"] for c in result["checks"]} == {"f32", "int8", "int4"}
     assert len(result["bad_input"]) >= 9 and all(b["ok"] and b["message"] for b in result["bad_input"])
     assert result["resident_after_free"] == 0
