@@ -150,7 +150,9 @@ __global__ void __launch_bounds__(TEAM * TEAMS_PER_BLOCK)
 /* Runs one matmul on device pointers: the fast kernel when the row fits it, the
  * simple one otherwise. Shared by coli_matmul and the benchmark. */
 static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
-    if (w->cols % 32 == 0) {
+    static int simple = -1; /* COLI_GPU_SIMPLE=1: the simple kernel only, for comparisons */
+    if (simple < 0) simple = getenv("COLI_GPU_SIMPLE") != NULL;
+    if (w->cols % 32 == 0 && !simple) {
         dim3 block(TEAM * TEAMS_PER_BLOCK);
         if (s == 1) {
             dim3 grid((unsigned)((w->rows + TEAMS_PER_BLOCK - 1) / TEAMS_PER_BLOCK), 1);
