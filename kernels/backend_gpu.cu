@@ -147,6 +147,90 @@ __global__ void __launch_bounds__(TEAM * TEAMS_PER_BLOCK)
     }
 }
 
+/* Decode (S = 1): each team takes ROWS rows, so a piece of x read once serves
+ * ROWS pieces of weights (int4 needs 8 bytes of x per weight byte: reading x for
+ * every row made L1, not HBM, the limit). */
+#define ROWS 4
+
+template <int FORMAT>
+__global__ void __launch_bounds__(TEAM * TEAMS_PER_BLOCK)
+    decode_kernel(const void *__restrict__ q, const float *__restrict__ scale, int64_t rows, int64_t cols,
+                  int32_t group, const float *__restrict__ x, float *__restrict__ y) {
+    const int lane = threadIdx.x % TEAM;
+    const int64_t r0 = ((int64_t)blockIdx.x * TEAMS_PER_BLOCK + threadIdx.x / TEAM) * ROWS;
+    if (r0 >= rows) return;
+    const int nr = (int)(rows - r0 < ROWS ? rows - r0 : ROWS);
+    float acc[ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (FORMAT == COLI_FMT_F32) {
+        for (int64_t i = lane; i < cols / 4; i += TEAM) {
+            const float4 xv = ((const float4 *)x)[i];
+#pragma unroll
+            for (int k = 0; k < ROWS; k++) {
+                if (k >= nr) break;
+                const float4 wv = ((const float4 *)((const float *)q + (r0 + k) * cols))[i];
+                acc[k] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+            }
+        }
+    } else if (FORMAT == COLI_FMT_Q8) {
+        for (int64_t i = lane; i < cols / 16; i += TEAM) {
+            float xs[16];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float4 v = ((const float4 *)(x + i * 16))[j];
+                xs[4 * j] = v.x; xs[4 * j + 1] = v.y; xs[4 * j + 2] = v.z; xs[4 * j + 3] = v.w;
+            }
+#pragma unroll
+            for (int k = 0; k < ROWS; k++) {
+                if (k >= nr) break;
+                const int4 packed = ((const int4 *)((const int8_t *)q + (r0 + k) * cols))[i];
+                const int8_t *b = (const int8_t *)&packed;
+                float part = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 16; j++) part += xs[j] * (float)b[j];
+                acc[k] += part;
+            }
+        }
+    } else {
+        const bool one_scale = group % 32 == 0;
+        for (int64_t i = lane; i < cols / 32; i += TEAM) {
+            float xs[32];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float4 v = ((const float4 *)(x + i * 32))[j];
+                xs[4 * j] = v.x; xs[4 * j + 1] = v.y; xs[4 * j + 2] = v.z; xs[4 * j + 3] = v.w;
+            }
+            const int64_t c0 = i * 32;
+#pragma unroll
+            for (int k = 0; k < ROWS; k++) {
+                if (k >= nr) break;
+                const int4 packed = ((const int4 *)((const uint8_t *)q + (r0 + k) * cols / 2))[i];
+                const uint8_t *b = (const uint8_t *)&packed;
+                const float *sr = scale + (r0 + k) * (cols / group);
+                float part = 0.0f;
+                if (one_scale) {
+#pragma unroll
+                    for (int j = 0; j < 16; j++)
+                        part += xs[2 * j] * (float)((int)(b[j] & 0x0F) - 8) + xs[2 * j + 1] * (float)((int)(b[j] >> 4) - 8);
+                    acc[k] += part * sr[c0 / group];
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 16; j++)
+                        part += (xs[2 * j] * (float)((int)(b[j] & 0x0F) - 8) +
+                                 xs[2 * j + 1] * (float)((int)(b[j] >> 4) - 8)) * sr[(c0 + 2 * j) / group];
+                    acc[k] += part;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ROWS; k++) {
+        float v = acc[k];
+#pragma unroll
+        for (int o = TEAM / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+        if (lane == 0 && k < nr) y[r0 + k] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + k] : v;
+    }
+}
+
 /* Runs one matmul on device pointers: the fast kernel when the row fits it, the
  * simple one otherwise. Shared by coli_matmul and the benchmark. */
 static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
@@ -154,12 +238,23 @@ static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t 
     if (simple < 0) simple = getenv("COLI_GPU_SIMPLE") != NULL;
     if (w->cols % 32 == 0 && !simple) {
         dim3 block(TEAM * TEAMS_PER_BLOCK);
-        if (s == 1) {
+        /* S = 1: several rows per team pays where x re-reads dominate (int4 always; int8
+         * with many rows); with few rows it leaves the GPU half empty (H200 measurements
+         * in bench/RESULTS.md). */
+        const bool rows_per_team = w->format == COLI_FMT_Q4 || (w->format == COLI_FMT_Q8 && w->rows >= 8192);
+        if (s == 1 && !rows_per_team) {
             dim3 grid((unsigned)((w->rows + TEAMS_PER_BLOCK - 1) / TEAMS_PER_BLOCK), 1);
             switch (w->format) {
             case COLI_FMT_F32: team_kernel<COLI_FMT_F32, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy); break;
-            case COLI_FMT_Q8: team_kernel<COLI_FMT_Q8, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy); break;
-            default: team_kernel<COLI_FMT_Q4, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy);
+            default: team_kernel<COLI_FMT_Q8, 1><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy);
+            }
+        } else if (s == 1) {
+            const int64_t per_block = (int64_t)TEAMS_PER_BLOCK * ROWS;
+            dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), 1);
+            switch (w->format) {
+            case COLI_FMT_F32: decode_kernel<COLI_FMT_F32><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, dy); break;
+            case COLI_FMT_Q8: decode_kernel<COLI_FMT_Q8><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, dy); break;
+            default: decode_kernel<COLI_FMT_Q4><<<grid, block, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group, dx, dy);
             }
         } else {
             dim3 grid((unsigned)((w->rows + TEAMS_PER_BLOCK - 1) / TEAMS_PER_BLOCK), (unsigned)((s + 3) / 4));
