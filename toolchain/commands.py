@@ -92,6 +92,16 @@ def _prefix_maps(plan: Plan) -> list[str]:
     return maps
 
 
+def cuda_gencode(arches: tuple[str, ...]) -> list[str]:
+    """SASS for every arch, and PTX of the newest so newer GPUs can JIT it."""
+    out: list[str] = []
+    for i, arch in enumerate(arches):
+        num = arch.removeprefix("sm_")
+        code = f"[sm_{num},compute_{num}]" if i == len(arches) - 1 else f"sm_{num}"
+        out += ["-gencode", f"arch=compute_{num},code={code}"]
+    return out
+
+
 def _nvcc_pass(flag: str, options: list[str]) -> list[str]:
     """nvcc re-splits -Xcompiler/-Xlinker values on spaces and commas; one option
     per flag, double-quoted when it holds a space (a project path like '/tmp/my builds')."""
@@ -183,12 +193,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
     if plan.windows and spec.api in ("hip", "cuda"):
         return _windows_gpu_command(plan, spec, output)
     if spec.api == "cuda":
-        gencode: list[str] = []
-        for i, arch in enumerate(spec.arches):
-            num = arch.removeprefix("sm_")
-            # PTX of the newest arch rides along so newer GPUs can JIT it
-            code = f"[sm_{num},compute_{num}]" if i == len(spec.arches) - 1 else f"sm_{num}"
-            gencode += ["-gencode", f"arch=compute_{num},code={code}"]
+        gencode = cuda_gencode(spec.arches)
         # nvcc records its device-link command (with -L <toolkit>) inside each
         # cubin; run from its own bin directory as ./nvcc, the toolkit path it
         # derives, and so records, is relative.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import PureWindowsPath
 
-from .commands import GPU_SOURCES, ROCM_VARIABLES
+from .commands import GPU_SOURCES, ROCM_VARIABLES, cuda_gencode
 from .msvc import Msvc
 from .windows_sdk import WinHipSdk
 
@@ -69,11 +69,7 @@ def windows_cuda_argv(
     output: PureWindowsPath,
     gpu_flags: tuple[str, ...],
 ) -> list[str]:
-    gencode: list[str] = []
-    for i, arch in enumerate(arches):
-        num = arch.removeprefix("sm_")
-        code = f"[sm_{num},compute_{num}]" if i == len(arches) - 1 else f"sm_{num}"
-        gencode += ["-gencode", f"arch=compute_{num},code={code}"]
+    gencode = cuda_gencode(arches)
     return [
         str(nvcc), "-std=c++17", *gpu_flags, "-shared",
         "-Xcompiler", "/MT", "-Xcompiler", "/Brepro",
