@@ -391,59 +391,62 @@ static int reject(char *err, size_t errlen, const coli_hip_binding *b, bind_deci
     return 1;
 }
 
-int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
-    int set = 0, is_dir = 0;
-    memset(b, 0, sizeof *b);
-    char *dir = read_env(COLI_HIP_RUNTIME_ENV, &set);
+/* COLI_HIP_RUNTIME_DIR's text and folder: 0 when it names an existing folder. */
+static int check_runtime_dir(const char *dir, int set, char *err, size_t errlen) {
+    int is_dir = 0;
     switch (coli_runtime_dir_form(set ? (dir ? dir : "") : NULL, STYLE)) {
     case DIR_UNSET:
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " is not set; set it to the folder holding %s",
                  COLI_HIP_RUNTIME_NAME);
-        free(dir);
         return 1;
-    case DIR_EMPTY:
-        snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " is set but empty");
-        free(dir);
-        return 1;
+    case DIR_EMPTY: snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " is set but empty"); return 1;
     case DIR_DRIVE_RELATIVE:
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " '%s' is drive-relative (no separator after the drive)", dir);
-        free(dir);
         return 1;
     case DIR_ROOT_RELATIVE:
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " '%s' is relative to the current drive's root", dir);
-        free(dir);
         return 1;
     case DIR_RELATIVE:
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " '%s' is a relative path; give an absolute one", dir);
-        free(dir);
         return 1;
     case DIR_OK: break;
     }
     if (stat_dir(dir, &is_dir) != 0) {
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " '%s' does not exist", dir);
-        free(dir);
         return 1;
     }
     if (!is_dir) {
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " '%s' is not a folder", dir);
-        free(dir);
         return 1;
     }
+    return 0;
+}
+
+/* The runtime file inside that folder: 0 when it exists and is a file. */
+static int find_runtime_file(const char *dir, coli_hip_binding *b, char *err, size_t errlen) {
+    int is_dir = 0;
     if (coli_path_join(dir, COLI_HIP_RUNTIME_NAME, STYLE, b->runtime_path, sizeof b->runtime_path)) {
         snprintf(err, errlen, "[HIP] " COLI_HIP_RUNTIME_ENV " is too long");
-        free(dir);
         return 1;
     }
     if (stat_dir(b->runtime_path, &is_dir) != 0) {
         snprintf(err, errlen, "[HIP] %s has no %s", dir, COLI_HIP_RUNTIME_NAME);
-        free(dir);
         return 1;
     }
-    free(dir);
     if (is_dir) {
         snprintf(err, errlen, "[HIP] %s is a folder, not the runtime", b->runtime_path);
         return 1;
     }
+    return 0;
+}
+
+int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
+    int set = 0;
+    memset(b, 0, sizeof *b);
+    char *dir = read_env(COLI_HIP_RUNTIME_ENV, &set);
+    int bad = check_runtime_dir(dir, set, err, errlen) || find_runtime_file(dir, b, err, errlen);
+    free(dir);
+    if (bad) return 1;
     if (coli_file_identity(b->runtime_path, PREFERRED_ID, &b->identity)) {
         snprintf(err, errlen, "[HIP] cannot read the file identity of %s", b->runtime_path);
         return 1;
