@@ -21,17 +21,18 @@ def run_command(cmd: Command, label: str) -> None:
     for name in cmd.unset:
         env.pop(name, None)
     cmd.output.parent.mkdir(parents=True, exist_ok=True)
-    for key in ("TMPDIR",):
-        if key in cmd.env:
-            os.makedirs(cmd.env[key], exist_ok=True)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cmd.cwd)
-    except OSError as exc:
-        raise BuildError(f"{label}: cannot run {argv[0]}: {exc}") from None
-    if proc.returncode != 0:
-        part.unlink(missing_ok=True)
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise BuildError(f"{label}: {os.path.basename(argv[0])} exited with {proc.returncode}:\n{tail}")
-    if proc.stderr.strip():
-        sys.stderr.write(proc.stderr)
+    for folder in cmd.mkdirs:
+        folder.mkdir(parents=True, exist_ok=True)
+    for step in (*cmd.before, tuple(argv)):
+        try:
+            proc = subprocess.run(list(step), capture_output=True, text=True, env=env, cwd=cmd.cwd)
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            raise BuildError(f"{label}: cannot run {step[0]}: {exc}") from None
+        if proc.returncode != 0:
+            part.unlink(missing_ok=True)
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise BuildError(f"{label}: {os.path.basename(step[0])} exited with {proc.returncode}:\n{tail}")
+        if proc.stderr.strip():
+            sys.stderr.write(proc.stderr)
     os.replace(part, cmd.output)

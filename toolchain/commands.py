@@ -82,6 +82,8 @@ class Command:
     env: Mapping[str, str] = field(default_factory=dict)  # overrides
     unset: tuple[str, ...] = ()
     cwd: Path | None = None
+    before: tuple[tuple[str, ...], ...] = ()  # steps run first, same env and cwd (e.g. a compile before a link)
+    mkdirs: tuple[Path, ...] = ()  # build-local folders the steps write to (objects, TMPDIR)
 
 
 def _prefix_maps(plan: Plan) -> list[str]:
@@ -200,20 +202,34 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         bin_dir = (plan.cuda.home / "bin").resolve()
         local = bin_dir / "nvcc"
         nvcc, cwd = ("./nvcc", bin_dir) if local.is_file() else (str(plan.cuda.nvcc), None)
-        argv = [
+        # A one-step nvcc build embeds its temporary files' names (tmpxft_<pid>_...):
+        # compile apart with the intermediates named after a build-local object
+        # (-objtemp) and a fixed seed for generated names, then link.
+        obj = plan.build_dir / "tmp" / spec.key / "backend_gpu.o"
+        compile_step = (
             nvcc,
             "-std=c++17",
             *cfg.profile.gpu_flags,
-            "-shared",
+            "-c",
+            "-objtemp",
+            "-frandom-seed=coli_backend_gpu",
             *_nvcc_pass("-Xcompiler", ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *_prefix_maps(plan)]),
-            *_nvcc_pass("-Xlinker", [f"--version-script={plan.gen_dir / 'coli_backend.map'}", "--build-id=none"]),
             *gencode,
             *includes,
             _rel(plan, GPU_SOURCES[0]),
             "-o",
+            str(obj),
+        )
+        argv = [
+            nvcc,
+            "-shared",
+            *_nvcc_pass("-Xlinker", [f"--version-script={plan.gen_dir / 'coli_backend.map'}", "--build-id=none"]),
+            *gencode,
+            str(obj),
+            "-o",
             str(output),
         ]
-        return Command(tuple(argv), output, cwd=cwd)
+        return Command(tuple(argv), output, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,))
     hip = plan.hip
     tmp = plan.build_dir / "tmp" / spec.key
     env, unset = sanitized_env(plan, tmp)
@@ -247,7 +263,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}",
         "-Wl,--build-id=none",
     ]
-    return Command(tuple(argv), output, env, unset)
+    return Command(tuple(argv), output, env, unset, mkdirs=(tmp,))
 
 
 def host_inputs(plan: Plan) -> list[Path]:
@@ -274,4 +290,4 @@ def _windows_gpu_command(plan: Plan, spec: BackendSpec, output: Path) -> Command
         argv = windows_cuda_argv(win(str(plan.cuda.nvcc)), spec.arches, root, gen, out, flags)
     env = {k: v for k, v in full.items() if v is not None}
     unset = tuple(k for k, v in full.items() if v is None)
-    return Command(tuple(argv), output, env, unset)
+    return Command(tuple(argv), output, env, unset, mkdirs=(plan.build_dir / "tmp" / spec.key,))

@@ -111,6 +111,7 @@ def _command_state(cmd: Command, fingerprint: Mapping[str, str]) -> dict[str, An
         "env": dict(cmd.env),
         "unset": list(cmd.unset),
         "cwd": str(cmd.cwd),
+        "before": [list(step) for step in cmd.before],
         "toolchain": dict(fingerprint),
     }
 

@@ -37,6 +37,11 @@ def test_cuda_command_has_sass_per_arch_and_ptx_for_the_newest(tmp_path: Path) -
     assert argv[0] == "./nvcc" and cmd.cwd == (plan.cuda.home / "bin").resolve()
     codes = [argv[i + 1] for i, a in enumerate(argv) if a == "-gencode"]
     assert codes == ["arch=compute_80,code=sm_80", "arch=compute_90,code=[sm_90,compute_90]"]
+    # compiled apart so no temporary file name reaches the library
+    (compile_step,) = cmd.before
+    assert "-c" in compile_step and "-objtemp" in compile_step and "-frandom-seed=coli_backend_gpu" in compile_step
+    obj = compile_step[compile_step.index("-o") + 1]
+    assert obj in argv and Path(obj).parent in cmd.mkdirs
 
 
 def test_paths_with_spaces_are_quoted_for_nvcc(tmp_path: Path) -> None:
@@ -44,8 +49,8 @@ def test_paths_with_spaces_are_quoted_for_nvcc(tmp_path: Path) -> None:
     spaced.mkdir()
     plan = _plan(spaced, {"arch": "sm_90"})
     cmd = backend_command(plan, plan.backends[0], plan.backend_lib(plan.backends[0]))
-    assert f'"-ffile-prefix-map={spaced}=."' in cmd.argv
-    assert any(a.startswith('"--version-script=') for a in cmd.argv)
+    assert f'"-ffile-prefix-map={spaced}=."' in cmd.before[0]  # the compile step
+    assert any(a.startswith('"--version-script=') for a in cmd.argv)  # the link
 
 
 def test_windows_host_and_reference_backend(tmp_path: Path) -> None:
