@@ -109,3 +109,22 @@ def test_unreadable_files(tmp_path: Path) -> None:
 def test_version_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="version"):
         load_config(_toml(tmp_path, 'version = "one"\n'), {}, {})
+
+
+def test_schema_and_reference_are_generated_and_current() -> None:
+    """docs/config-reference.md (committed) and the JSON schema (on demand) come from the models."""
+    import json
+    import subprocess
+    import sys
+
+    from toolchain.config.reference import reference_markdown, schema_json
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolchain.config.reference", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(schema_json())
+    assert set(schema["properties"]) == {"version", "build", "host", "hip", "cuda", "windows", "validate", "profiles"}
+    reference = reference_markdown()
+    for key in ("`build.arch`", "`hip.device_lib_dir`", "`HIP_DEVICE_LIB_PATH`", "`arch=`", "`windows.msvc_toolset`"):
+        assert key in reference
