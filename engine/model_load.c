@@ -449,28 +449,6 @@ static int load_layer(loader_ctx *L, int64_t i) {
 #undef BIAS
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = coli_fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n == cap) {
-            if (cap > (16u << 20)) break;
-            char *nb = realloc(buf, cap ? cap * 2 : 4096);
-            if (!nb) break;
-            buf = nb;
-            cap = cap ? cap * 2 : 4096;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        if (!got) break;
-        n += got;
-    }
-    fclose(f);
-    *len = n;
-    return buf;
-}
-
 int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_backend *backend, int64_t max_pos,
                char *err, size_t errlen) {
     char path[4200], jerr[256];
@@ -482,7 +460,7 @@ int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_ba
     m->backend = backend;
     m->max_pos = max_pos;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = slurp(path, &len);
+    char *text = coli_read_file(path, &len);
     if (!text) {
         snprintf(err, errlen, "%s: cannot read", path);
         return 1;

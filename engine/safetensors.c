@@ -297,31 +297,11 @@ static char *join(const char *dir, const char *name) {
     return p;
 }
 
-static char *read_text(const char *path, size_t *len) {
-    FILE *fp = coli_fopen(path, "rb");
-    if (!fp) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, fp);
-        n += got;
-        if (n < cap) break;
-        if (cap > (64u << 20)) { free(buf); buf = NULL; break; }
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) { free(buf); buf = NULL; break; }
-        buf = nb;
-        cap *= 2;
-    }
-    fclose(fp);
-    if (len) *len = n;
-    return buf;
-}
-
 int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     char *index_path = join(dir, "model.safetensors.index.json");
     size_t len = 0;
-    char *text = index_path ? read_text(index_path, &len) : NULL;
+    char *text = index_path ? coli_read_file(index_path, &len) : NULL;
     if (!text) {
         char *single = join(dir, "model.safetensors");
         s->files = calloc(1, sizeof *s->files);

@@ -69,3 +69,24 @@ int coli_path_kind(const char *path) {
     return S_ISDIR(st.st_mode) ? 1 : 0;
 }
 #endif
+
+char *coli_read_file(const char *path, size_t *len) {
+    FILE *f = coli_fopen(path, "rb");
+    size_t cap = 4096, n = 0;
+    char *buf = f ? malloc(cap) : NULL;
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (f) fclose(f);
+    if (buf && len) *len = n;
+    return buf;
+}

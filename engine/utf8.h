@@ -4,6 +4,7 @@
 #ifndef COLI_UTF8_H
 #define COLI_UTF8_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 /* Returns argv itself on POSIX; on Windows a UTF-8 copy of the wide command line
@@ -12,6 +13,10 @@ char **coli_args_utf8(int *argc, char **argv);
 
 /* fopen of a UTF-8 path. */
 FILE *coli_fopen(const char *path, const char *mode);
+
+/* A whole small file (config.json, a shard index) of at most 64 MiB, malloc'ed;
+ * NULL when it cannot be read. */
+char *coli_read_file(const char *path, size_t *len);
 
 /* -1: does not exist, 0: a file, 1: a directory. */
 int coli_path_kind(const char *path);
