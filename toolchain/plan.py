@@ -8,16 +8,17 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .arches import Api, api_of
+from .arches import Api, api_of, version_tuple
 from .config import ResolvedConfig
+from .config.release import ReleaseEntry
 from .discover import CudaToolkit, HipSdk, Missing, Tool, Toolchains
 from .errors import ToolchainError
 
-__all__ = ["BackendSpec", "Plan", "make_plan"]
+__all__ = ["BackendSpec", "Plan", "make_plan", "make_release_plans"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class BackendSpec:
     platform: str
     api: Api
     arches: tuple[str, ...]
+    bundle_hip_runtime: bool | None = field(default=None, compare=False)  # a release target's override
 
     @property
     def archkey(self) -> str:
@@ -118,6 +120,9 @@ def _native_arches(tool: Path | None, run: Callable[[list[str]], str]) -> list[s
     return sorted(set(re.findall(r"\bgfx[0-9a-f]+\b", run([str(tool)]))))
 
 
+Mode = Literal["strict", "default", "release"]  # arch= named / default build / release matrix
+
+
 def make_plan(
     rc: ResolvedConfig,
     toolchains: Toolchains,
@@ -128,65 +133,126 @@ def make_plan(
     msvc_resolver: MsvcResolver | None = None,
     run_tool: Callable[[list[str]], str] | None = None,
 ) -> Plan:
+    """The plan of `doit build`: build.arch grouped by API (named: all must build; default: what can)."""
     cfg = rc.config
-    windows = cfg.build.os == "windows"
-    platform = "windows-x86_64" if windows else "linux-x86_64"
     explicit = bool(cfg.build.arch)
     requested = cfg.build.arch or ("cpu", *cfg.hip.default_arches, *cfg.cuda.default_arches)
-    notes: list[str] = []
+    groups: list[tuple[Api, tuple[str, ...], ReleaseEntry | None]] = [
+        (api, arches, None) for api, arches in _group(requested).items()
+    ]
+    ctx = _Context(rc, toolchains, root, host_os, env or {}, msvc_resolver, run_tool)
+    return ctx.plan(cfg.build.os, groups, "strict" if explicit else "default", [])
 
-    host = toolchains.mingw_cc if windows else toolchains.host_cc
-    if isinstance(host, Missing):
-        raise ToolchainError(f"{platform} host: {host}")
 
-    def unavailable(api: str, reason: str) -> None:
-        if explicit:
-            raise ToolchainError(f"{platform}-{api}: {reason}")
-        notes.append(f"{platform}-{api}: skipped: {reason}")
+def make_release_plans(
+    rc: ResolvedConfig,
+    toolchains: Toolchains,
+    root: Path,
+    entries: list[ReleaseEntry],
+    *,
+    host_os: str = sys.platform,
+    env: Mapping[str, str] | None = None,
+    msvc_resolver: MsvcResolver | None = None,
+    run_tool: Callable[[list[str]], str] | None = None,
+) -> tuple[list[Plan], list[tuple[ReleaseEntry, str]]]:
+    """One plan per platform of the matrix, and each entry this machine cannot build with what it needs."""
+    ctx = _Context(rc, toolchains, root, host_os, env or {}, msvc_resolver, run_tool)
+    plans: list[Plan] = []
+    skipped: list[tuple[BackendSpec, str]] = []
+    by_id = {e.id: e for e in entries}
+    for os_name in dict.fromkeys(e.os for e in entries):
+        mine = [e for e in entries if e.os == os_name]
+        try:
+            plans.append(ctx.plan(os_name, [(e.api, e.arches, e) for e in mine], "release", skipped))
+        except ToolchainError as exc:  # no host compiler: nothing of this platform builds
+            skipped += [(BackendSpec(e.platform, e.api, e.arches), str(exc)) for e in mine]
+    return plans, [(by_id[spec.task], why) for spec, why in skipped]
 
-    native_windows = windows and host_os == "win32"
-    run_tool = run_tool or (lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout)
-    msvc = None
-    backends: list[BackendSpec] = []
-    for api, arches in _group(requested).items():
+
+@dataclass(frozen=True)
+class _Context:
+    rc: ResolvedConfig
+    toolchains: Toolchains
+    root: Path
+    host_os: str
+    env: Mapping[str, str]
+    msvc_resolver: MsvcResolver | None
+    run_tool: Callable[[list[str]], str] | None
+
+    def run(self, argv: list[str]) -> str:
+        if self.run_tool is not None:
+            return self.run_tool(argv)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+
+    def plan(
+        self,
+        os_name: str,
+        groups: list[tuple[Api, tuple[str, ...], ReleaseEntry | None]],
+        mode: Mode,
+        skipped: list[tuple[BackendSpec, str]],
+    ) -> Plan:
+        """Resolve each (API, arches) group against the toolchains; what cannot be built raises
+        (strict), becomes a note (default) or lands in `skipped` with the reason (release)."""
+        rc, toolchains = self.rc, self.toolchains
+        windows = os_name == "windows"
+        platform = "windows-x86_64" if windows else "linux-x86_64"
+        notes: list[str] = []
+        host = toolchains.mingw_cc if windows else toolchains.host_cc
+        if isinstance(host, Missing):
+            raise ToolchainError(f"{platform} host: {host}")
+        native_windows = windows and self.host_os == "win32"
+        msvc = None
+        backends: list[BackendSpec] = []
+        for api, arches, entry in groups:
+            spec = BackendSpec(platform, api, arches, entry.bundle_hip_runtime if entry else None)
+            try:
+                built = self._backend(spec, mode, native_windows, notes)
+                if built is not None and native_windows and api != "ref" and msvc is None:
+                    msvc = self._msvc(api)
+            except ToolchainError as exc:
+                if mode == "strict":
+                    raise ToolchainError(f"{platform}-{api}: {exc}") from None
+                if mode == "release":
+                    skipped.append((spec, str(exc)))
+                else:
+                    notes.append(f"{platform}-{api}: skipped: {exc}")
+                continue
+            if built is not None:
+                backends.append(built)
+        if native_windows and backends and msvc is None and any(b.api != "ref" for b in backends):
+            raise ToolchainError("internal: a Windows GPU backend without MSVC")
+        return Plan(rc, toolchains, self.root, platform, host, tuple(backends), tuple(notes), self.host_os, msvc)
+
+    def _msvc(self, api: str) -> Any:
+        resolver = self.msvc_resolver or _default_msvc(self.rc, self.env, self.root)
+        return resolver(api == "hip")
+
+    def _backend(self, spec: BackendSpec, mode: Mode, native_windows: bool, notes: list[str]) -> BackendSpec | None:
+        """The spec to build (arches may be narrowed in the default build), None when skipped with a note;
+        raises ToolchainError naming what is missing."""
+        api, arches, platform, toolchains = spec.api, spec.arches, spec.platform, self.toolchains
         if api == "ref":
-            backends.append(BackendSpec(platform, "ref", ("cpu",)))
-            continue
-        if windows and not native_windows:
+            return spec
+        if spec.windows and not native_windows:
             sdk = "the HIP SDK and MSVC" if api == "hip" else "the CUDA toolkit and MSVC"
-            unavailable(api, f"needs Windows with {sdk}; it cannot be cross-built from Linux")
-            continue
+            raise ToolchainError(f"needs Windows with {sdk}; it cannot be cross-built from Linux")
         chain: Any = (
             toolchains.win_hip
             if (api == "hip" and native_windows)
             else (toolchains.hip if api == "hip" else toolchains.cuda)
         )
         if "native" in arches and not isinstance(chain, Missing):
-            tool = getattr(chain, "arch_tool", None)
-            if tool is None and not native_windows and isinstance(chain, HipSdk):
-                found = chain.compiler.resolve().parent / "amdgpu-arch"
-                tool = found if found.is_file() else None
-            detected = _native_arches(Path(str(tool)) if tool else None, run_tool)
-            if not detected:
-                why = f"no GPU found by {tool}" if tool else "the SDK has no amdgpu-arch or hipInfo to detect the GPU"
-                raise ToolchainError(f"arch=native: {why}; name the arch instead, e.g. arch=gfx1151")
-            arches = tuple(dict.fromkeys(a for a in (*arches, *detected) if a != "native"))
+            arches = self._native(chain, arches, native_windows)
         if isinstance(chain, Missing):
-            unavailable(api, f"{chain.reason}; to get it: {chain.hint}")
-            continue
+            raise ToolchainError(f"{chain.reason}; to get it: {chain.hint}")
+        pinned = self.rc.config.release.sdk.get(api) if self.rc.config.release and mode == "release" else None
+        if pinned and version_tuple(chain.version)[:2] != version_tuple(pinned)[:2]:
+            sdk = "CUDA" if api == "cuda" else "HIP SDK"
+            where = getattr(chain, "root", None) or getattr(chain, "home", "")
+            raise ToolchainError(f"needs {sdk} {pinned} (release.sdk.{api}); found {chain.version} at {where}")
         bad = [a for a in arches if not chain.supports(a)]
-        if bad and explicit:
-            if isinstance(chain, HipSdk):
-                raise ToolchainError("; ".join(chain.unsupported(a) for a in bad))
-            if not isinstance(chain, CudaToolkit):  # the Windows HIP SDK
-                raise ToolchainError(
-                    f"HIP SDK {chain.version} at {chain.root} cannot build {', '.join(bad)}: no device library "
-                    f"for it in {chain.device_lib_dir} (it has {', '.join(chain.available) or 'none'})"
-                )
-            raise ToolchainError(
-                f"CUDA {chain.version} ({chain.nvcc}) cannot build {', '.join(bad)} "
-                f"(nvcc --list-gpu-arch gives {', '.join(chain.gpu_arches)})"
-            )
+        if bad and mode != "default":
+            raise ToolchainError(_cannot_build(chain, bad))
         if bad:
             why = (
                 f"CUDA {chain.version} does not list them in nvcc --list-gpu-arch"
@@ -197,17 +263,33 @@ def make_plan(
             arches = tuple(a for a in arches if a not in bad)
             if not arches:
                 notes.append(f"{platform}-{api}: skipped: none of its default arches can be built here")
-                continue
-        if native_windows and msvc is None:
-            try:
-                msvc = (msvc_resolver or _default_msvc(rc, env or {}, root))(api == "hip")
-            except ToolchainError as exc:
-                if explicit:
-                    raise
-                notes.append(f"{platform}-{api}: skipped: {exc}")
-                continue
-        backends.append(BackendSpec(platform, api, arches))
-    return Plan(rc, toolchains, root, platform, host, tuple(backends), tuple(notes), host_os, msvc)
+                return None
+        return BackendSpec(platform, api, arches, spec.bundle_hip_runtime)
+
+    def _native(self, chain: Any, arches: tuple[str, ...], native_windows: bool) -> tuple[str, ...]:
+        tool = getattr(chain, "arch_tool", None)
+        if tool is None and not native_windows and isinstance(chain, HipSdk):
+            found = chain.compiler.resolve().parent / "amdgpu-arch"
+            tool = found if found.is_file() else None
+        detected = _native_arches(Path(str(tool)) if tool else None, self.run)
+        if not detected:
+            why = f"no GPU found by {tool}" if tool else "the SDK has no amdgpu-arch or hipInfo to detect the GPU"
+            raise ToolchainError(f"arch=native: {why}; name the arch instead, e.g. arch=gfx1151")
+        return tuple(dict.fromkeys(a for a in (*arches, *detected) if a != "native"))
+
+
+def _cannot_build(chain: Any, bad: list[str]) -> str:
+    if isinstance(chain, HipSdk):
+        return "; ".join(chain.unsupported(a) for a in bad)
+    if not isinstance(chain, CudaToolkit):  # the Windows HIP SDK
+        return (
+            f"HIP SDK {chain.version} at {chain.root} cannot build {', '.join(bad)}: no device library "
+            f"for it in {chain.device_lib_dir} (it has {', '.join(chain.available) or 'none'})"
+        )
+    return (
+        f"CUDA {chain.version} ({chain.nvcc}) cannot build {', '.join(bad)} "
+        f"(nvcc --list-gpu-arch gives {', '.join(chain.gpu_arches)})"
+    )
 
 
 def _default_msvc(rc: ResolvedConfig, env: Mapping[str, str], root: Path) -> MsvcResolver:

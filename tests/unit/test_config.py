@@ -124,7 +124,26 @@ def test_schema_and_reference_are_generated_and_current() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     schema = json.loads(schema_json())
-    assert set(schema["properties"]) == {"version", "build", "host", "hip", "cuda", "windows", "validate", "profiles"}
+    assert set(schema["properties"]) == {
+        "version",
+        "build",
+        "host",
+        "hip",
+        "cuda",
+        "windows",
+        "validate",
+        "profiles",
+        "cache",
+        "release",
+    }
     reference = reference_markdown()
-    for key in ("`build.arch`", "`hip.device_lib_dir`", "`HIP_DEVICE_LIB_PATH`", "`arch=`", "`windows.msvc_toolset`"):
+    for key in (
+        "`build.arch`",
+        "`hip.device_lib_dir`",
+        "`HIP_DEVICE_LIB_PATH`",
+        "`arch=`",
+        "`windows.msvc_toolset`",
+        "`release.targets.<name>.groups`",
+        "`entry=`",
+    ):
         assert key in reference

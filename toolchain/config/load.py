@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
-from .schema import Config
+from .schema import Config, ReleaseSection
 
 __all__ = ["ENV_KEYS", "VAR_KEYS", "ResolvedConfig", "load_config"]
 
@@ -36,6 +36,8 @@ ENV_KEYS: dict[str, str] = {
     "CUDA_PATH": "cuda.home",
     "CUDA_HOME": "cuda.home",  # after CUDA_PATH: CUDA_HOME wins when both are set
     "NVCC": "cuda.compiler",
+    "COLI_CACHE": "cache.launcher",
+    "COLI_CACHE_DIR": "cache.dir",
 }
 
 # doit command-line variable -> dotted key (`config=` picks the file itself)
@@ -45,9 +47,11 @@ VAR_KEYS: dict[str, str] = {
     "profile": "build.profile",
     "build_dir": "build.build_dir",
     "dist_dir": "build.dist_dir",
+    "cache": "cache.launcher",
+    "entry": "release.only",
 }
 
-_LIST_KEYS = {"build.arch"}
+_LIST_KEYS = {"build.arch", "release.only"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in data.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and key != "profiles":
+        if isinstance(v, Mapping) and v and key != "profiles":
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -105,15 +109,22 @@ def _fields_at(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]
     return [f.alias or n for n, f in cls.model_fields.items()]
 
 
+def _where(origins: Mapping[str, str], dotted: str) -> str:
+    """The origin of `dotted`, else of a key below it, else of its parent."""
+    found = origins.get(dotted) or next((o for k, o in origins.items() if k.startswith(dotted + ".")), None)
+    parts = dotted.split(".")
+    while not found and len(parts) > 1:
+        parts.pop()
+        found = origins.get(".".join(parts))
+    return found or "default"
+
+
 def _describe(err: Mapping[str, Any], origins: Mapping[str, str]) -> str:
     loc = tuple(err["loc"])
     # drop pydantic's internal step names (e.g. function-after validators)
     loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
     dotted = ".".join(str(p) for p in loc)
-    where = origins.get(dotted) or next(
-        (o for k, o in origins.items() if k.startswith(dotted + ".")),
-        origins.get(".".join(str(p) for p in loc[:-1]), "default"),
-    )
+    where = _where(origins, dotted)
     if err["type"] == "extra_forbidden":
         allowed = _fields_at(Config, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
@@ -123,6 +134,14 @@ def _describe(err: Mapping[str, Any], origins: Mapping[str, str]) -> str:
     got = err.get("input")
     shown = f" (got {got!r})" if not isinstance(got, (dict, list, tuple)) and got is not None else ""
     return f"{where}: {dotted}: {msg}{shown}"
+
+
+def _release_alone(data: Any) -> ReleaseSection | None:
+    """The [release] table validated on its own, so its matrix is checked even when another table is wrong."""
+    try:
+        return ReleaseSection.model_validate(data) if isinstance(data, dict) else None
+    except ValidationError:
+        return None
 
 
 def load_config(
@@ -180,6 +199,11 @@ def load_config(
             f"{where}: build.profile: no profile '{config.build.profile}' "
             f"(allowed: {', '.join(sorted(config.profiles))})"
         )
+    release = config.release if config is not None else _release_alone(_unflatten(flat).get("release"))
+    if release is not None:
+        from .release import release_problems
+
+        problems += [f"{_where(origins, key)}: {key}: {msg}" for key, msg in release_problems(release)]
     if problems or config is None:
         raise ConfigError(problems)
     return ResolvedConfig(config=config, origins=origins, file=path)

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -32,13 +32,34 @@ def schema_json() -> str:
     return json.dumps(Config.model_json_schema(by_alias=True), indent=2, sort_keys=True) + "\n"
 
 
+def _model_in(ann: Any) -> tuple[type[BaseModel] | None, str]:
+    """The table model a field holds: itself, optional, or as the values of a named table (`<name>`)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann, ""
+    args = get_args(ann)
+    if get_origin(ann) is dict and len(args) == 2:
+        inner, _ = _model_in(args[1])
+        return inner, "<name>."
+    for arg in args:  # X | None
+        inner, _ = _model_in(arg)
+        if inner is not None and type(None) in args:
+            return inner, ""
+    return None, ""
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str]]:
     rows = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
-        ann: Any = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows += _rows(ann, key + ".")
+        inner, named = _model_in(field.annotation)
+        required = field.is_required()
+        if inner is not None and (required or not (named and field.get_default(call_default_factory=True))):
+            if field.description:
+                rows.append((key, "required" if required else "", " ".join(field.description.split())))
+            rows += _rows(inner, f"{key}.{named}")
+            continue
+        if required:
+            rows.append((key, "required", " ".join((field.description or "").split())))
             continue
         default = field.get_default(call_default_factory=True)
         if isinstance(default, dict):  # named tables (profiles)
@@ -63,7 +84,8 @@ def reference_markdown() -> str:
     for key, default, doc in _rows(Config, ""):
         env = ", ".join(f"`{n}`" for n, k in ENV_KEYS.items() if k == key) if key in env_for else ""
         var = f"`{var_for[key]}=`" if key in var_for else ""
-        lines.append(f"| `{key}` | `{default}` | {env} | {var} | {doc} |")
+        shown = f"`{default}`" if default and default != "required" else default
+        lines.append(f"| `{key}` | {shown} | {env} | {var} | {doc} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ reference are generated from these models.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,6 +19,8 @@ __all__ = [
     "HipSection",
     "HostSection",
     "ProfileSection",
+    "ReleaseSection",
+    "ReleaseTarget",
     "ValidateSection",
     "WindowsSection",
 ]
@@ -71,6 +73,11 @@ class HipSection(_Section):
     bundle_runtime: bool = Field(
         False, description="Put the HIP runtime library into HIP packages (off: users name their own runtime)."
     )
+    offload_compress: bool = Field(
+        False,
+        description="Compress the offload bundles (clang --offload-compress) where the compiler supports it; "
+        "verify inflates them to prove each arch's code is inside.",
+    )
     default_arches: tuple[str, ...] = Field(
         ("gfx1030", "gfx90a", "gfx1100", "gfx1151"),
         description="gfx targets of the default build; those the SDK cannot build are skipped with a note.",
@@ -110,6 +117,61 @@ class ValidateSection(_Section):
     )
 
 
+class CacheSection(_Section):
+    launcher: Literal["none", "ccache", "sccache"] = Field(
+        "none",
+        description="Compiler launcher that caches objects (env COLI_CACHE): each compile runs as "
+        "`<launcher> <compiler> ...`, so another build folder, machine or CI run with the same cache reuses them.",
+    )
+    dir: str = Field(
+        ".cache/compiler",
+        description="The launcher's cache folder (CCACHE_DIR / SCCACHE_DIR; env COLI_CACHE_DIR), "
+        "relative to the project.",
+    )
+
+
+TargetName = Literal["linux-ref", "linux-hip", "linux-cuda", "windows-ref", "windows-hip", "windows-cuda"]
+
+
+class ReleaseTarget(_Section):
+    groups: tuple[str | tuple[str, ...], ...] = Field(
+        (),
+        description="Arch groups, one package each: a list of arches, or the name of a [release.groups] group "
+        "or of an arch family (toolchain/data/arches.toml). A ref target may leave it empty (cpu).",
+    )
+    bundle_hip_runtime: bool | None = Field(None, description="Overrides hip.bundle_runtime for this target.")
+
+
+class ReleaseSection(_Section):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Release name, used in the CI workflow's name.")
+    targets: dict[TargetName, ReleaseTarget] = Field(
+        description="The matrix: platform-API (" + ", ".join(get_args(TargetName)) + ") -> its arch groups."
+    )
+    groups: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="Named arch groups that targets refer to by name."
+    )
+    sdk: dict[Literal["hip", "cuda"], str] = Field(
+        default_factory=dict,
+        description='SDK versions the release is built with (e.g. hip = "6.4"); every arch of every target '
+        "must be supported by them, checked at load against toolchain/data/arches.toml.",
+    )
+    require_all: bool = Field(
+        False,
+        description="Fail when an entry cannot be built on this machine; off: the manifest records it as "
+        "not-built with what it needs.",
+    )
+    only: tuple[str, ...] = Field(
+        (),
+        description="Build and publish only these entry ids (doit variable entry=; CI fans out with it). "
+        "Empty: every entry.",
+    )
+    runners: dict[TargetName, str] = Field(
+        default_factory=dict,
+        description="GitHub Actions runner label per target for `doit ci-workflow` (defaults in "
+        "toolchain/data/ci.toml).",
+    )
+
+
 class ProfileSection(_Section):
     cflags: tuple[str, ...] = Field(("-O2",), description="Flags for C compiles (host and reference backend).")
     gpu_flags: tuple[str, ...] = Field(("-O2",), description="Flags for the CUDA/HIP compile.")
@@ -131,6 +193,10 @@ class Config(_Section):
     windows: WindowsSection = Field(default_factory=WindowsSection)
     validate_: ValidateSection = Field(default_factory=ValidateSection, alias="validate")
     profiles: dict[str, ProfileSection] = Field(default_factory=_default_profiles, description="Named flag sets.")
+    cache: CacheSection = Field(default_factory=CacheSection)
+    release: ReleaseSection | None = Field(
+        None, description="The release matrix that `doit release` builds (configs/release-*.toml)."
+    )
 
     @property
     def profile(self) -> ProfileSection:
