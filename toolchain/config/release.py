@@ -56,7 +56,7 @@ def _check_group(release: ReleaseSection, api: str, arches: tuple[str, ...]) -> 
         problems.append(f"{', '.join(wrong)} in a {api} target (allowed: {want})")
     if len(set(arches)) != len(arches):
         problems.append(f"an arch listed twice in {list(arches)}")
-    version = dict(release.sdk).get(api)
+    version = {str(k): v for k, v in release.sdk.items()}.get(api)
     if version and not wrong:
         for arch in arches:
             why = table.sdk_problem(arch, api, version)
