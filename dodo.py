@@ -12,10 +12,10 @@ from toolchain.tasks import doit_config, load_plan, make_tasks
 ROOT = Path(__file__).resolve().parent
 
 try:
-    PLAN = load_plan(ROOT, dict(doit_cmd._CMDLINE_VARS or {}), os.environ)
+    LOADED = load_plan(ROOT, dict(doit_cmd._CMDLINE_VARS or {}), os.environ)
 except ColiError as exc:
     print(exc.one_line(), file=sys.stderr)
     sys.exit(exc.exit_code)
 
-DOIT_CONFIG = doit_config(PLAN)
-globals().update(make_tasks(PLAN))
+DOIT_CONFIG = doit_config(LOADED)
+globals().update(make_tasks(LOADED))

@@ -232,6 +232,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         return Command(tuple(argv), output, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,))
     hip = plan.hip
     tmp = plan.build_dir / "tmp" / spec.key
+    compress = ["--offload-compress"] if cfg.hip.offload_compress and hip.offload_compress else []
     env, unset = sanitized_env(plan, tmp)
     argv = [
         str(hip.compiler),
@@ -240,6 +241,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         "-std=c++17",
         *cfg.profile.gpu_flags,
         *(f"--offload-arch={a}" for a in spec.arches),
+        *compress,
         f"--rocm-path={hip.root}",
         f"--rocm-device-lib-path={hip.device_lib_dir}",
         # --rocm-path already puts <root>/include in place; only a split layout needs more
@@ -284,7 +286,9 @@ def _windows_gpu_command(plan: Plan, spec: BackendSpec, output: Path) -> Command
     if spec.api == "hip":
         tmp = win(str(plan.build_dir / "tmp" / spec.key))
         full = hip_environment(plan.toolchains.win_hip, msvc, tmp, os.environ.get("SYSTEMROOT", r"C:\Windows"))
-        argv = windows_hip_argv(plan.toolchains.win_hip, spec.arches, root, gen, out, flags)
+        sdk = plan.toolchains.win_hip
+        packed = ("--offload-compress",) if plan.rc.config.hip.offload_compress and sdk.offload_compress else ()
+        argv = windows_hip_argv(sdk, spec.arches, root, gen, out, (*flags, *packed))
     else:
         full = dict(msvc.env)
         argv = windows_cuda_argv(win(str(plan.cuda.nvcc)), spec.arches, root, gen, out, flags)

@@ -95,6 +95,13 @@ class HipSdk:
     sources: Mapping[str, str] = field(default_factory=dict)
     runtime_name: str = "libamdhip64.so"  # the soname backends record in DT_NEEDED
 
+    @property
+    def offload_compress(self) -> bool:
+        """Whether the compiler has --offload-compress: upstream clang 18 on, AMD's since clang 17 (ROCm 6.1)."""
+        m = re.search(r"clang version (\d+)", self.compiler_version)
+        major = int(m.group(1)) if m else 0
+        return major >= (17 if "AMD" in self.compiler_version else 18)
+
     def isa_file(self, arch: str) -> Path:
         return self.device_lib_dir / f"oclc_isa_version_{arch.removeprefix('gfx')}.bc"
 

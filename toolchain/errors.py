@@ -10,6 +10,7 @@ __all__ = [
     "BuildError",
     "ColiError",
     "ConfigError",
+    "ReleaseError",
     "ToolchainError",
     "ValidateError",
     "VerifyError",
@@ -75,3 +76,10 @@ class ValidateError(ColiError):
 
     exit_code = 6
     kind = "validate failed"
+
+
+class ReleaseError(ColiError):
+    """A release cannot be published as configured."""
+
+    exit_code = 7
+    kind = "release failed"

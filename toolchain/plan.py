@@ -264,6 +264,9 @@ class _Context:
             if not arches:
                 notes.append(f"{platform}-{api}: skipped: none of its default arches can be built here")
                 return None
+        if api == "hip" and self.rc.config.hip.offload_compress and not chain.offload_compress:
+            what = getattr(chain, "compiler_version", "") or f"HIP SDK {chain.version}"
+            notes.append(f"{platform}-hip: offload bundles stay uncompressed: {what} has no --offload-compress")
         return BackendSpec(platform, api, arches, spec.bundle_hip_runtime)
 
     def _native(self, chain: Any, arches: tuple[str, ...], native_windows: bool) -> tuple[str, ...]:

@@ -12,7 +12,9 @@ import json
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +25,73 @@ from .abi import RENDERINGS, load_abi, render_abi
 from .build import run_command
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
 from .config import ResolvedConfig, load_config
-from .discover import Missing, discover
-from .errors import ColiError, ValidateError, VerifyError
-from .plan import BackendSpec, Plan, make_plan
+from .config.release import ReleaseEntry, release_entries
+from .discover import Missing, Toolchains, discover
+from .errors import ColiError, ConfigError, ReleaseError, ValidateError, VerifyError
+from .plan import BackendSpec, Plan, make_plan, make_release_plans
 from .probe import Prober
+from .publish import MANIFEST, SUMS, format_summary, publish_release
 from .report import ColiReporter
 from .revision import source_revision
 from .validate import Validation, format_validation, validate_backend, validate_host
 from .verify import format_table, verify_artifact
 
-__all__ = ["doit_config", "load_plan", "make_tasks"]
+__all__ = ["Loaded", "doit_config", "load_plan", "make_tasks"]
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
 
-def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) -> Plan:
-    """Config (file < env < variables), toolchain discovery, and the build plan."""
+@dataclass(frozen=True)
+class ReleaseRun:
+    entries: tuple[ReleaseEntry, ...]
+    not_built: Mapping[str, str]  # entry id -> what this machine lacks to build it
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What dodo.py builds: one plan per platform (one for `doit build`, one per platform
+    of the matrix for a release config) and, for a release config, its entries."""
+
+    rc: ResolvedConfig
+    root: Path
+    toolchains: Toolchains
+    plans: tuple[Plan, ...]
+    release: ReleaseRun | None
+
+    @property
+    def build_dir(self) -> Path:
+        return (self.root / self.rc.config.build.build_dir).absolute()
+
+    @property
+    def dist_dir(self) -> Path:
+        return (self.root / self.rc.config.build.dist_dir).absolute()
+
+
+def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) -> Loaded:
+    """Config (file < env < variables), toolchain discovery, and the build plans."""
     config_file = Path(variables.get("config") or env.get("COLI_CONFIG") or root / "configs/default.toml")
     rc: ResolvedConfig = load_config(config_file, env, variables)
     prober = Prober((root / rc.config.build.build_dir / ".cache" / "probes.json").absolute())
-    return make_plan(rc, discover(rc, env, prober), root, env=env)
+    toolchains = discover(rc, env, prober)
+    release = rc.config.release
+    if release is None:
+        return Loaded(rc, root, toolchains, (make_plan(rc, toolchains, root, env=env),), None)
+    given = [f"{v}=" for v in ("arch", "os") if v in variables]
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} do not apply to a release config ({config_file}): its [release] table says "
+            "what to build; pick entries with entry=<id>[,<id>...]"
+        )
+    entries = release_entries(release)
+    plans, skipped = make_release_plans(rc, toolchains, root, entries, env=env)
+    run = ReleaseRun(tuple(entries), {e.id: why for e, why in skipped})
+    return Loaded(rc, root, toolchains, tuple(plans), run)
 
 
-def doit_config(plan: Plan) -> dict[str, Any]:
+def doit_config(loaded: Loaded) -> dict[str, Any]:
     return {
         "default_tasks": ["build"],
-        "dep_file": str(plan.build_dir / ".doit.db"),
+        "dep_file": str(loaded.build_dir / ".doit.db"),
         "backend": "sqlite3",
         "reporter": ColiReporter,
         "par_type": "thread",  # actions wait on compilers; threads share the plan safely
@@ -96,6 +139,18 @@ def _guard(fn: Callable[..., None], *args: Any) -> Callable[[], TaskFailed | Non
 
     action.__name__ = getattr(fn, "__name__", "action")
     return action
+
+
+_SAY = threading.Lock()
+
+
+def _say(text: str) -> None:
+    """Print a report to the terminal. doit swaps sys.stdout per task to capture output, and with
+    `-n N` threads one swap can undo another's, so reports go to the process's own stdout."""
+    out = sys.__stdout__ or sys.stdout
+    with _SAY:
+        out.write(text + "\n")
+        out.flush()
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -159,67 +214,6 @@ class _Graph:
         return paths
 
     # ---- tasks -----------------------------------------------------------
-    def task_toolchain(self) -> dict[str, Any]:
-        """Print every toolchain component: path, version, where the setting came from, what is missing."""
-        return _task(actions=[self._print_toolchain], verbosity=2, uptodate=[False])
-
-    def _print_toolchain(self) -> None:
-        rows = [("component", "path", "version", "from")]
-        missing, arches = [], []
-        for c in self.plan.toolchains.components():
-            if c.name.endswith("arches"):
-                arches.append(f"  {c.name}: {c.version}")
-            elif c.missing:
-                missing.append(f"  {c.name}: {c.missing}")
-            else:
-                rows.append((c.name, c.path, c.version, c.source))
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        for r in rows:
-            print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
-        print("buildable arches:")
-        print("\n".join(arches) or "  none")
-        if missing:
-            print("missing:")
-            print("\n".join(missing))
-        print(f"plan ({self.plan.platform}): host, " + ", ".join(s.key for s in self.plan.backends))
-        for note in self.plan.notes:
-            print(f"  {note}")
-
-    def task_config(self) -> dict[str, Any]:
-        """Print the resolved configuration and where each value came from."""
-        return _task(actions=[self._print_config], verbosity=2, uptodate=[False])
-
-    def _print_config(self) -> None:
-        rc = self.plan.rc
-        data = rc.config.model_dump(mode="json", by_alias=True)
-        print(f"# config file: {rc.file}")
-
-        def walk(node: Any, prefix: str) -> None:
-            for k, v in node.items():
-                key = f"{prefix}{k}"
-                if isinstance(v, dict):
-                    walk(v, key + ".")
-                else:
-                    print(f"{key} = {json.dumps(v)}    # {rc.origin(key)}")
-
-        walk(data, "")
-
-    def task_codegen(self) -> dict[str, Any]:
-        """Render the ABI (kernels/abi.toml) into the C header, loader table, .def and version script."""
-        templates = sorted(TEMPLATE_DIR.glob("abi/*.j2"))
-        targets = [self.plan.gen_dir / name for name in RENDERINGS]
-        return _task(
-            actions=[_guard(self._codegen)],
-            file_dep=[self.abi_file, *templates, Path(__file__).parent / "abi.py"],
-            targets=targets,
-        )
-
-    def _codegen(self) -> None:
-        for name, text in render_abi(load_abi(self.abi_file)).items():
-            target = self.plan.gen_dir / name
-            if not target.is_file() or target.read_text(encoding="utf-8") != text:
-                _write_atomic(target, text)
-
     def task_host(self) -> Iterator[dict[str, Any]]:
         """Compile the host executable (engine + loader)."""
         cmd = host_command(self.plan, self.plan.host_exe)
@@ -270,7 +264,7 @@ class _Graph:
     def _verify(self, artifact: Path, kind: str, arches: tuple[str, ...], out: Path) -> None:
         report = verify_artifact(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
         _write_atomic(out, report.to_json())
-        print(format_table([report]))
+        _say(format_table([report]))
         if not report.ok:
             raise VerifyError(f"{artifact.name}: " + "; ".join(report.failures()))
 
@@ -354,7 +348,7 @@ class _Graph:
 
     def _report(self, result: Validation, out: Path) -> None:
         _write_atomic(out, result.to_json())
-        print(format_validation(result))
+        _say(format_validation(result))
         if result.status == "failed":
             raise ValidateError(result.summary())
 
@@ -371,7 +365,7 @@ class _Graph:
                 self.validate_json(spec),
             ]
             state = {
-                "bundle_runtime": self.plan.rc.config.hip.bundle_runtime,
+                "bundle_runtime": self.bundled(spec),
                 "name": self.package_name(spec),
                 "revision": self.revision.label,
                 "epoch": self.revision.epoch,
@@ -422,6 +416,11 @@ class _Graph:
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
         print(f"package {dest.name}")
 
+    def bundled(self, spec: BackendSpec) -> bool:
+        """Whether the HIP runtime goes into the package: the release target's choice, else hip.bundle_runtime."""
+        own = spec.bundle_hip_runtime
+        return own if own is not None else self.plan.rc.config.hip.bundle_runtime
+
     def hip_runtime_dir(self) -> str:
         """The runtime validation binds: the SDK's own (lib on Linux, bin on Windows)."""
         win = self.plan.toolchains.win_hip
@@ -435,7 +434,7 @@ class _Graph:
         runtime = win.runtime_dll if win is not None else self.plan.hip.runtime_name
         runtime_dir = Path(str(win.bin_dir)) if win is not None else self.plan.hip.lib_dir
         sdk_version = win.version if win is not None else self.plan.hip.version
-        bundled = self.plan.rc.config.hip.bundle_runtime
+        bundled = self.bundled(spec)
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATE_DIR / "package"),
             undefined=jinja2.StrictUndefined,
@@ -458,37 +457,196 @@ class _Graph:
             files[runtime] = (runtime_dir / runtime).read_bytes()
         return files
 
+
+class _Project:
+    """The tasks over all plans: toolchain, config, codegen, build, release, clean-build."""
+
+    def __init__(self, loaded: Loaded) -> None:
+        self.loaded = loaded
+        self.root = loaded.root
+        self.graphs = [_Graph(p) for p in loaded.plans]
+        self.abi_file = self.root / "kernels" / "abi.toml"
+        self.gen_dir = loaded.build_dir / "gen"
+        self.revision = source_revision(self.root, os.environ)
+
+    def task_toolchain(self) -> dict[str, Any]:
+        """Print every toolchain component: path, version, where the setting came from, what is missing."""
+        return _task(actions=[self._print_toolchain], verbosity=2, uptodate=[False])
+
+    def _print_toolchain(self) -> None:
+        rows = [("component", "path", "version", "from")]
+        missing, arches = [], []
+        for c in self.loaded.toolchains.components():
+            if c.name.endswith("arches"):
+                arches.append(f"  {c.name}: {c.version}")
+            elif c.missing:
+                missing.append(f"  {c.name}: {c.missing}")
+            else:
+                rows.append((c.name, c.path, c.version, c.source))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for r in rows:
+            print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+        print("buildable arches:")
+        print("\n".join(arches) or "  none")
+        if missing:
+            print("missing:")
+            print("\n".join(missing))
+        for g in self.graphs:
+            print(f"plan ({g.plan.platform}): host, " + ", ".join(s.key for s in g.plan.backends))
+            for note in g.plan.notes:
+                print(f"  {note}")
+        if self.loaded.release is not None:
+            for entry_id, why in self.loaded.release.not_built.items():
+                print(f"  not built here: {entry_id}: {why}")
+
+    def task_config(self) -> dict[str, Any]:
+        """Print the resolved configuration and where each value came from."""
+        return _task(actions=[self._print_config], verbosity=2, uptodate=[False])
+
+    def _print_config(self) -> None:
+        rc = self.loaded.rc
+        data = rc.config.model_dump(mode="json", by_alias=True)
+        print(f"# config file: {rc.file}")
+
+        def walk(node: Any, prefix: str) -> None:
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if isinstance(v, dict):
+                    walk(v, key + ".")
+                else:
+                    print(f"{key} = {json.dumps(v)}    # {rc.origin(key)}")
+
+        walk(data, "")
+
+    def task_codegen(self) -> dict[str, Any]:
+        """Render the ABI (kernels/abi.toml) into the C header, loader table, .def and version script."""
+        templates = sorted(TEMPLATE_DIR.glob("abi/*.j2"))
+        targets = [self.gen_dir / name for name in RENDERINGS]
+        return _task(
+            actions=[_guard(self._codegen)],
+            file_dep=[self.abi_file, *templates, Path(__file__).parent / "abi.py"],
+            targets=targets,
+        )
+
+    def _codegen(self) -> None:
+        for name, text in render_abi(load_abi(self.abi_file)).items():
+            target = self.gen_dir / name
+            if not target.is_file() or target.read_text(encoding="utf-8") != text:
+                _write_atomic(target, text)
+
     def task_build(self) -> dict[str, Any]:
         """Build, verify, validate and package everything the config asks for (the default task)."""
-        return _task(task_dep=[f"package:{s.task}" for s in self.plan.backends] + [f"verify:{self.plan.platform}-host"])
+        deps = [f"package:{s.task}" for g in self.graphs for s in g.plan.backends]
+        return _task(task_dep=deps + [f"verify:{g.plan.platform}-host" for g in self.graphs])
+
+    def task_release(self) -> dict[str, Any]:
+        """Publish dist/release-<version>/: each entry's package, release-manifest.json and SHA256SUMS."""
+        run = self.loaded.release
+        if run is None:
+            message = (
+                f"{self.loaded.rc.file} has no [release] table; name a release config, "
+                "e.g. doit release config=configs/release-local.toml"
+            )
+            return _task(actions=[lambda: TaskFailed(message)], uptodate=[False])
+        built = [(g, s) for g in self.graphs for s in g.plan.backends]
+        dest = self.release_dir()
+        return _task(
+            actions=[_guard(self._release, run, built, dest)],
+            file_dep=[g.package_path(s) for g, s in built] + [g.validate_json(s) for g, s in built],
+            targets=[dest / MANIFEST, dest / SUMS],
+            uptodate=[config_changed({"head": self.release_head(), "not_built": dict(run.not_built)})],
+            verbosity=2,
+        )
+
+    def release_dir(self) -> Path:
+        return self.loaded.dist_dir / f"release-{self.loaded.rc.config.version}"
+
+    def release_head(self) -> dict[str, Any]:
+        cfg = self.loaded.rc.config
+        assert cfg.release is not None
+        return {
+            "release": cfg.release.name,
+            "version": cfg.version,
+            "source_revision": self.revision.label,
+            "source_date_epoch": self.revision.epoch,
+        }
+
+    def _release(self, run: ReleaseRun, built: list[tuple[_Graph, BackendSpec]], dest: Path) -> None:
+        cfg = self.loaded.rc.config
+        assert cfg.release is not None
+        if cfg.release.require_all and run.not_built:
+            missing = "; ".join(f"{k}: {v}" for k, v in run.not_built.items())
+            raise ReleaseError(
+                f"release.require_all is set and {len(run.not_built)} entries cannot be built here: {missing}"
+            )
+        by_id = {s.task: (g, s) for g, s in built}
+        entries: list[dict[str, Any]] = []
+        packages: dict[str, Path] = {}
+        for e in run.entries:
+            row: dict[str, Any] = {"id": e.id, "platform": e.platform, "api": e.api, "arches": list(e.arches)}
+            if e.group:
+                row["group"] = e.group
+            if e.id in by_id:
+                g, spec = by_id[e.id]
+                path = g.package_path(spec)
+                packages[path.name] = path
+                validation = json.loads(g.validate_json(spec).read_text(encoding="utf-8"))
+                row |= {
+                    "status": "built",
+                    "package": path.name,
+                    "validation": validation["status"] + (f": {validation['reason']}" if validation["reason"] else ""),
+                    "toolchain": {"host": g.fingerprint("host"), e.api: g.fingerprint(e.api)},
+                }
+            else:
+                row |= {"status": "not-built", "needs": run.not_built.get(e.id, "not planned")}
+            entries.append(row)
+        publish_release(dest, self.release_head(), entries, packages)
+        published = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))["entries"]
+        _say(format_summary(published, dest))
 
     def task_clean_build(self) -> dict[str, Any]:
         """Remove the build and dist directories."""
         return _task(actions=[self._clean], uptodate=[False])
 
     def _clean(self) -> None:
-        for d in (self.plan.build_dir, self.plan.dist_dir):
+        for d in (self.loaded.build_dir, self.loaded.dist_dir):
             if d.is_dir() and d != self.root:
                 shutil.rmtree(d)
 
 
-def make_tasks(plan: Plan) -> dict[str, Callable[[], Any]]:
+def make_tasks(loaded: Loaded) -> dict[str, Callable[[], Any]]:
     """The task_* functions for dodo.py's namespace, in graph order."""
-    graph = _Graph(plan)
-    names = ["toolchain", "config", "codegen", "host", "backend", "verify", "validate", "package", "build"]
+    project = _Project(loaded)
     tasks: dict[str, Callable[[], Any]] = {}
-    for n in names:
-        fn = getattr(graph, f"task_{n}")
-
-        def make(fn: Callable[[], Any] = fn) -> Callable[[], Any]:
-            def task() -> Any:
-                return fn()
-
-            task.__doc__ = fn.__doc__
-            return task
-
-        tasks[f"task_{n}"] = make()
-    if plan.notes:
-        for note in plan.notes:
+    for n in ["toolchain", "config", "codegen", "host", "backend", "verify", "validate", "package", "build", "release"]:
+        if hasattr(project, f"task_{n}"):
+            fn: Callable[[], Any] = getattr(project, f"task_{n}")
+        else:
+            fn = _union([getattr(g, f"task_{n}") for g in project.graphs], getattr(_Graph, f"task_{n}").__doc__)
+        tasks[f"task_{n.replace('_', '-')}"] = _named(fn)
+    tasks["task_clean_build"] = _named(project.task_clean_build)
+    for g in project.graphs:
+        for note in g.plan.notes:
             print(f"note: {note}", file=sys.stderr)
     return tasks
+
+
+def _union(generators: list[Callable[[], Iterator[dict[str, Any]]]], doc: str | None) -> Callable[[], Any]:
+    """One task generator yielding every platform's subtasks (their names carry the platform)."""
+
+    def task() -> Iterator[dict[str, Any]]:
+        if not generators:  # doit needs a task of this name even when no platform builds here
+            yield _task(name="none", actions=[], doc="nothing of this stage builds here")
+        for gen in generators:
+            yield from gen()
+
+    task.__doc__ = doc
+    return task
+
+
+def _named(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def task() -> Any:
+        return fn()
+
+    task.__doc__ = fn.__doc__
+    return task

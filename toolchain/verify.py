@@ -97,11 +97,10 @@ def _device_check(kind: str, sections: dict[str, bytes], arches: tuple[str, ...]
             bundles = parse_offload_bundle(data)
         except ValueError as exc:
             return Check("device code", False, f"{name}: {exc}")
-        if any(b.compressed for b in bundles):
-            return Check("device code", False, f"{name} holds a compressed bundle this verifier cannot list")
         targets = {t for b in bundles for t in b.gfx_targets}
         missing = sorted(set(arches) - targets)
-        detail = f"{name} lists {', '.join(sorted(targets)) or 'nothing'}"
+        packed = " (compressed)" if bundles and all(b.compressed for b in bundles) else ""
+        detail = f"{name}{packed} lists {', '.join(sorted(targets)) or 'nothing'}"
         return Check("device code", not missing, detail + (f"; missing {', '.join(missing)}" if missing else ""))
     data = sections.get(".nv_fatbin")
     if data is None:

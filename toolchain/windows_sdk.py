@@ -9,6 +9,8 @@ outputs, and runs against the real disk on Windows.
 
 from __future__ import annotations
 
+from .arches import version_tuple
+
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,11 @@ class WinHipSdk:
 
     def supports(self, arch: str) -> bool:
         return arch in self.available
+
+    @property
+    def offload_compress(self) -> bool:
+        """--offload-compress came with the HIP SDK 6.1 compiler."""
+        return version_tuple(self.version)[:2] >= (6, 1)
 
     def fingerprint(self) -> dict[str, str]:
         return {"root": str(self.root), "version": self.version, "compiler": str(self.compiler),

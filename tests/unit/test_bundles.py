@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import struct
+import zlib
 
 import pytest
+import zstandard
 
 from toolchain.inspect.bundles import BUNDLE_MAGIC, FATBIN_MAGIC, cuda_fatbin_arches, parse_offload_bundle
 
@@ -33,9 +35,33 @@ def test_offload_bundle_lists_targets_and_strips_features() -> None:
     assert b.gfx_targets == ("gfx1030", "gfx90a")
 
 
-def test_several_bundles_and_compressed_ones() -> None:
-    bundles = parse_offload_bundle(bundle("hipv4-amdgcn-amd-amdhsa--gfx1030") + b"\0" * 100 + b"CCOB" + b"\0" * 20)
+def compressed(plain: bytes, *, version: int, method: int) -> bytes:
+    """A clang --offload-compress bundle (CCOB) around `plain`."""
+    stream = zstandard.ZstdCompressor().compress(plain) if method == 1 else zlib.compress(plain)
+    if version == 2:
+        return b"CCOB" + struct.pack("<HHIIQ", 2, method, 24 + len(stream), len(plain), 0) + stream
+    return b"CCOB" + struct.pack("<HHQQQ", 3, method, 32 + len(stream), len(plain), 0) + stream
+
+
+@pytest.mark.parametrize(("version", "method"), [(2, 1), (2, 0), (3, 1), (3, 0)])
+def test_compressed_bundles_are_inflated_and_listed(version: int, method: int) -> None:
+    inner = bundle("host-x86_64-unknown-linux--", "hipv4-amdgcn-amd-amdhsa--gfx1151")
+    data = bundle("hipv4-amdgcn-amd-amdhsa--gfx1030") + b"\0" * 100 + compressed(inner, version=version, method=method)
+    bundles = parse_offload_bundle(data + b"\0" * 64)
     assert [b.compressed for b in bundles] == [False, True]
+    assert bundles[1].gfx_targets == ("gfx1151",)
+
+
+def test_damaged_compressed_bundles_are_errors() -> None:
+    good = compressed(bundle("hipv4-amdgcn-amd-amdhsa--gfx1030"), version=2, method=1)
+    with pytest.raises(ValueError, match="truncated"):
+        parse_offload_bundle(good[:-5])
+    with pytest.raises(ValueError, match="does not inflate"):
+        parse_offload_bundle(good[:24] + b"\xff" * (len(good) - 24))
+    with pytest.raises(ValueError, match="method 7"):
+        parse_offload_bundle(good[:6] + struct.pack("<H", 7) + good[8:])
+    with pytest.raises(ValueError, match="version 9"):
+        parse_offload_bundle(good[:4] + struct.pack("<H", 9) + good[6:])
 
 
 @pytest.mark.parametrize("cut", [30, 40, 60])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["OffloadBundle", "cuda_fatbin_arches", "parse_offload_bundle"]
+__all__ = ["OffloadBundle", "cuda_fatbin_arches", "inflate_bundle", "parse_offload_bundle"]
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 COMPRESSED_MAGIC = b"CCOB"
@@ -33,8 +33,56 @@ class OffloadBundle:
         return tuple(out)
 
 
+COMPRESSION_ZLIB = 0
+COMPRESSION_ZSTD = 1
+MAX_INFLATED = 1 << 31
+
+
+def inflate_bundle(data: bytes, pos: int) -> tuple[bytes, int]:
+    """The plain bundle inside the compressed one at `pos` (clang --offload-compress), and the
+    offset just past it. Layout: "CCOB", u16 version, u16 method (0 zlib, 1 zstd), then
+    version 2: u32 total size, u32 plain size; version 3: u64 total, u64 plain; then a u64
+    hash and the compressed stream. Version 1 has no total size (it runs to the end)."""
+    if pos + 8 > len(data):
+        raise ValueError("compressed offload bundle header is truncated")
+    version, method = struct.unpack_from("<HH", data, pos + 4)
+    if version == 1:
+        head, (plain_size,), total = 20, struct.unpack_from("<I", data, pos + 8), len(data) - pos
+    elif version == 2:
+        head = 24
+        total, plain_size = struct.unpack_from("<II", data, pos + 8) if pos + 16 <= len(data) else (0, 0)
+    elif version == 3:
+        head = 32
+        total, plain_size = struct.unpack_from("<QQ", data, pos + 8) if pos + 24 <= len(data) else (0, 0)
+    else:
+        raise ValueError(f"compressed offload bundle version {version} is not known (1 to 3 are)")
+    if total < head or pos + total > len(data) or plain_size > MAX_INFLATED:
+        raise ValueError("compressed offload bundle is truncated or claims an impossible size")
+    stream = data[pos + head : pos + total]
+    if method == COMPRESSION_ZSTD:
+        import zstandard
+
+        try:
+            plain = zstandard.ZstdDecompressor().decompress(stream, max_output_size=plain_size)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"compressed offload bundle does not inflate: {exc}") from None
+    elif method == COMPRESSION_ZLIB:
+        import zlib
+
+        try:
+            plain = zlib.decompress(stream)
+        except zlib.error as exc:
+            raise ValueError(f"compressed offload bundle does not inflate: {exc}") from None
+    else:
+        raise ValueError(f"compressed offload bundle uses compression method {method} (0 zlib and 1 zstd are known)")
+    if len(plain) != plain_size:
+        raise ValueError(f"compressed offload bundle inflates to {len(plain)} bytes, not the {plain_size} it claims")
+    return plain, pos + total
+
+
 def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
-    """Every bundle in a .hip_fatbin section (one per translation unit, 4 KiB aligned)."""
+    """Every bundle in a .hip_fatbin section (one per translation unit, 4 KiB aligned);
+    compressed ones are inflated and listed with compressed=True."""
     bundles: list[OffloadBundle] = []
     pos = 0
     while True:
@@ -43,9 +91,8 @@ def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
         if plain < 0 and packed < 0:
             return bundles
         if packed >= 0 and (plain < 0 or packed < plain):
-            # compressed bundles carry no readable triple list until inflated
-            bundles.append(OffloadBundle((), compressed=True))
-            pos = packed + len(COMPRESSED_MAGIC)
+            inner, pos = inflate_bundle(data, packed)
+            bundles += [OffloadBundle(b.triples, compressed=True) for b in parse_offload_bundle(inner)]
             continue
         p = plain + len(BUNDLE_MAGIC)
         if p + 8 > len(data):
