@@ -117,10 +117,34 @@ def _rel(plan: Plan, p: str) -> str:
     return str(plan.root / p)
 
 
+def launcher(plan: Plan) -> tuple[list[str], dict[str, str]]:
+    """The compiler cache in front of each compile (cache.launcher), and its settings: the cache
+    folder, and the project as ccache's base_dir so its paths hash relative to the checkout."""
+    cache = plan.rc.config.cache
+    if cache.launcher == "none":
+        return [], {}
+    folder = str((plan.root / cache.dir).absolute())
+    if cache.launcher == "ccache":
+        return ["ccache"], {"CCACHE_DIR": folder, "CCACHE_BASEDIR": str(plan.root), "CCACHE_NOHASHDIR": "1"}
+    return ["sccache"], {"SCCACHE_DIR": folder}
+
+
+def _compile_apart(
+    plan: Plan, cc: list[str], flags: list[str], sources: tuple[str, ...], objdir: Path
+) -> tuple[tuple[tuple[str, ...], ...], list[str]]:
+    """One compile per source (so a compiler cache can serve each), and the objects to link."""
+    front, _ = launcher(plan)
+    steps, objs = [], []
+    for src in sources:
+        obj = str(objdir / (Path(src).stem + ".o"))
+        steps.append((*front, *cc, *flags, "-c", _rel(plan, src), "-o", obj))
+        objs.append(obj)
+    return tuple(steps), objs
+
+
 def host_command(plan: Plan, output: Path) -> Command:
     cfg = plan.rc.config
-    argv = [
-        str(plan.host_cc.path),
+    flags = [
         *C_WARNINGS,
         *cfg.profile.cflags,
         *_prefix_maps(plan),
@@ -130,16 +154,16 @@ def host_command(plan: Plan, output: Path) -> Command:
         f"-I{plan.gen_dir}",
         f"-I{plan.root / 'kernels'}",
         f"-I{plan.root / 'engine'}",
-        *(_rel(plan, s) for s in HOST_SOURCES),
-        "-o",
-        str(output),
     ]
+    objdir = plan.build_dir / "tmp" / plan.platform / "host"
+    steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], flags, HOST_SOURCES, objdir)
+    argv = [str(plan.host_cc.path), *cfg.profile.cflags, *objs, "-o", str(output)]
     if plan.windows:
         argv += ["-static", "-Wl,--no-insert-timestamp", "-lshell32"]
     else:
         argv += ["-Wl,--build-id=none"]
     argv += ["-lm", "-lpthread"]
-    return Command(tuple(argv), output)
+    return Command(tuple(argv), output, launcher(plan)[1], before=steps, mkdirs=(objdir,))
 
 
 def _runtime_name(plan: Plan) -> list[str]:
@@ -173,25 +197,18 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
     cfg = plan.rc.config
     includes = [f"-I{plan.gen_dir}", f"-I{plan.root / 'kernels'}"]
     if spec.api == "ref":
-        argv = [
-            str(plan.host_cc.path),
-            *C_WARNINGS,
-            *cfg.profile.cflags,
-            *_prefix_maps(plan),
-            *(MINGW_DEFINES if plan.windows else ()),
-            "-shared",
-            *includes,
-            *(_rel(plan, s) for s in REF_SOURCES),
-            "-o",
-            str(output),
-        ]
+        flags = [*C_WARNINGS, *cfg.profile.cflags, *_prefix_maps(plan), *(MINGW_DEFINES if plan.windows else ())]
+        if not plan.windows:
+            flags += ["-fPIC", "-fvisibility=hidden"]
+        objdir = plan.build_dir / "tmp" / plan.platform / spec.key
+        steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], [*flags, *includes], REF_SOURCES, objdir)
+        argv = [str(plan.host_cc.path), *cfg.profile.cflags, "-shared", *objs, "-o", str(output)]
         if plan.windows:
             argv += [str(plan.gen_dir / "coli_backend.def"), "-static-libgcc", "-Wl,--no-insert-timestamp"]
         else:
-            argv += ["-fPIC", "-fvisibility=hidden", f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}"]
-            argv += ["-Wl,--build-id=none"]
+            argv += [f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}", "-Wl,--build-id=none"]
         argv += ["-lm"]
-        return Command(tuple(argv), output)
+        return Command(tuple(argv), output, launcher(plan)[1], before=steps, mkdirs=(objdir,))
     if plan.windows and spec.api in ("hip", "cuda"):
         return _windows_gpu_command(plan, spec, output)
     if spec.api == "cuda":
@@ -206,7 +223,9 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         # compile apart with the intermediates named after a build-local object
         # (-objtemp) and a fixed seed for generated names, then link.
         obj = plan.build_dir / "tmp" / spec.key / "backend_gpu.o"
+        front, cache_env = launcher(plan)
         compile_step = (
+            *front,
             nvcc,
             "-std=c++17",
             *cfg.profile.gpu_flags,
@@ -229,12 +248,15 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
             "-o",
             str(output),
         ]
-        return Command(tuple(argv), output, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,))
+        return Command(tuple(argv), output, cache_env, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,))
     hip = plan.hip
     tmp = plan.build_dir / "tmp" / spec.key
     compress = ["--offload-compress"] if cfg.hip.offload_compress and hip.offload_compress else []
     env, unset = sanitized_env(plan, tmp)
-    argv = [
+    obj = tmp / "backend_gpu.o"
+    front, cache_env = launcher(plan)
+    compile_step = (
+        *front,
         str(hip.compiler),
         "-x",
         "hip",
@@ -254,10 +276,17 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         "-cuid=coli_backend_gpu",
         "-fPIC",
         "-fvisibility=hidden",
+        *includes,
+        "-c",
+        _rel(plan, GPU_SOURCES[0]),
+        "-o",
+        str(obj),
+    )
+    argv = [
+        str(hip.compiler),
         "-shared",
         "-fuse-ld=lld",
-        *includes,
-        _rel(plan, GPU_SOURCES[0]),
+        str(obj),
         "-o",
         str(output),
         f"-L{hip.lib_dir}",
@@ -265,7 +294,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}",
         "-Wl,--build-id=none",
     ]
-    return Command(tuple(argv), output, env, unset, mkdirs=(tmp,))
+    return Command(tuple(argv), output, {**env, **cache_env}, unset, before=(compile_step,), mkdirs=(tmp,))
 
 
 def host_inputs(plan: Plan) -> list[Path]:

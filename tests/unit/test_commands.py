@@ -5,23 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.test_plan import _plan
-from toolchain.commands import ROCM_VARIABLES, backend_command, host_command
+from toolchain.commands import HOST_SOURCES, ROCM_VARIABLES, backend_command, host_command
 
 
 def test_hip_command_uses_every_resolved_component(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"arch": "gfx1030,gfx90a"})
     spec = plan.backends[0]
     cmd = backend_command(plan, spec, plan.backend_lib(spec))
+    (compile_step,) = cmd.before
     argv = list(cmd.argv)
     hip = plan.hip
-    assert argv[0] == str(hip.compiler)
-    assert argv[1:3] == ["-x", "hip"]
-    assert "--offload-arch=gfx1030" in argv and "--offload-arch=gfx90a" in argv
-    assert f"--rocm-path={hip.root}" in argv
-    assert f"--rocm-device-lib-path={hip.device_lib_dir}" in argv
+    assert compile_step[0] == str(hip.compiler) and argv[0] == str(hip.compiler)
+    assert compile_step[1:3] == ("-x", "hip")
+    assert "--offload-arch=gfx1030" in compile_step and "--offload-arch=gfx90a" in compile_step
+    assert f"--rocm-path={hip.root}" in compile_step
+    assert f"--rocm-device-lib-path={hip.device_lib_dir}" in compile_step
+    assert f"-ffile-prefix-map={tmp_path}=." in compile_step
+    assert "-cuid=coli_backend_gpu" in compile_step
+    assert "--offload-compress" not in compile_step  # off unless hip.offload_compress
+    obj = compile_step[compile_step.index("-o") + 1]
+    assert obj in argv and Path(obj).parent in cmd.mkdirs
     assert f"-L{hip.lib_dir}" in argv and "-lamdhip64" in argv
-    assert f"-ffile-prefix-map={tmp_path}=." in argv
-    assert "-cuid=coli_backend_gpu" in argv
     assert argv[argv.index("-o") + 1] == str(plan.backend_lib(spec))
     # the sanitised environment: HIP_PATH is the SDK, other ROCm steering removed
     assert cmd.env["HIP_PATH"] == str(hip.root)
@@ -57,7 +61,35 @@ def test_windows_host_and_reference_backend(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"os": "windows", "arch": "cpu"})
     host = host_command(plan, plan.host_exe)
     assert host.argv[0].endswith("x86_64-w64-mingw32-gcc")
-    assert "-Wl,--no-insert-timestamp" in host.argv and "-D__USE_MINGW_ANSI_STDIO=1" in host.argv
+    assert "-Wl,--no-insert-timestamp" in host.argv
+    assert all("-D__USE_MINGW_ANSI_STDIO=1" in step for step in host.before)
     ref = backend_command(plan, plan.backends[0], plan.backend_lib(plan.backends[0]))
     assert str(plan.gen_dir / "coli_backend.def") in ref.argv
     assert ref.output.name == "coli_ref.dll"
+
+
+def test_each_source_compiles_apart_and_the_cache_launcher_fronts_every_compile(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, {"arch": "cpu,gfx1030,sm_90"})
+    host = host_command(plan, plan.host_exe)
+    assert len(host.before) == len(HOST_SOURCES) and all("-c" in step for step in host.before)
+    assert not host.env  # no launcher unless configured
+    cached = _plan(tmp_path, {"arch": "cpu,gfx1030,sm_90", "cache": "ccache"})
+    cache_dir = str(tmp_path / ".cache" / "compiler")
+    host = host_command(cached, cached.host_exe)
+    assert all(step[0] == "ccache" for step in host.before) and host.argv[0] != "ccache"  # not the link
+    assert host.env["CCACHE_DIR"] == cache_dir and host.env["CCACHE_BASEDIR"] == str(tmp_path)
+    for spec in cached.backends:
+        cmd = backend_command(cached, spec, cached.backend_lib(spec))
+        assert cmd.before and all(step[0] == "ccache" for step in cmd.before), spec.key
+        assert cmd.env["CCACHE_DIR"] == cache_dir
+    sc = _plan(tmp_path, {"arch": "cpu", "cache": "sccache"})
+    ref = backend_command(sc, sc.backends[0], sc.backend_lib(sc.backends[0]))
+    assert ref.before[0][0] == "sccache" and ref.env == {"SCCACHE_DIR": cache_dir}
+
+
+def test_offload_compress_where_the_compiler_has_it(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[hip]\noffload_compress = true\n")
+    plan = _plan(tmp_path, {"arch": "gfx1030"}, config=config)
+    (compile_step,) = backend_command(plan, plan.backends[0], plan.backend_lib(plan.backends[0])).before
+    assert "--offload-compress" in compile_step

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "configs" / "default.toml"
 
 
-def _plan(tmp_path: Path, variables: dict[str, str], *, hip: bool = True, cuda: bool = True) -> Plan:
+def _plan(
+    tmp_path: Path, variables: dict[str, str], *, hip: bool = True, cuda: bool = True, config: Path = DEFAULT
+) -> Plan:
     bin_dir = tmp_path / "bin"
     script(bin_dir / "gcc", "gcc (fake) 12.2.0")
     script(bin_dir / "x86_64-w64-mingw32-gcc", "x86_64-w64-mingw32-gcc (fake) 12")
@@ -25,7 +27,7 @@ def _plan(tmp_path: Path, variables: dict[str, str], *, hip: bool = True, cuda: 
     else:
         env["HIP_SDK_ROOT"] = str(tmp_path / "no-rocm")
     env["CUDA_HOME"] = str(cuda_toolkit(tmp_path / "cuda", (80, 90))) if cuda else str(tmp_path / "no-cuda")
-    rc = load_config(DEFAULT, env, variables)
+    rc = load_config(config, env, variables)
     return make_plan(rc, discover(rc, env, Prober(None)), tmp_path)
 
 
