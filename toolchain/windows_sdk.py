@@ -9,13 +9,12 @@ outputs, and runs against the real disk on Windows.
 
 from __future__ import annotations
 
-from .arches import version_tuple
-
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PureWindowsPath
 
+from .arches import version_tuple
 from .config.schema import HipSection
 from .discover import Missing
 
