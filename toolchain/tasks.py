@@ -36,7 +36,7 @@ from .revision import source_revision
 from .validate import Validation, format_validation, validate_backend, validate_host
 from .verify import format_table, verify_artifact
 
-__all__ = ["Loaded", "doit_config", "load_plan", "make_tasks"]
+__all__ = ["Loaded", "doit_config", "entry_fingerprint", "load_plan", "make_tasks"]
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -86,6 +86,18 @@ def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) 
     plans, skipped = make_release_plans(rc, toolchains, root, entries, env=env)
     run = ReleaseRun(tuple(entries), {e.id: why for e, why in skipped})
     return Loaded(rc, root, toolchains, tuple(plans), run)
+
+
+def entry_fingerprint(loaded: Loaded, entry_id: str) -> dict[str, Any]:
+    """The host and API toolchains one release entry is built with; what it lacks when it cannot be built."""
+    for plan in loaded.plans:
+        graph = _Graph(plan)
+        for spec in plan.backends:
+            if spec.task == entry_id:
+                return {"host": graph.fingerprint("host"), spec.api: graph.fingerprint(spec.api)}
+    if loaded.release is not None and entry_id in loaded.release.not_built:
+        return {"not-built": loaded.release.not_built[entry_id]}
+    raise ConfigError(f"no release entry '{entry_id}' in {loaded.rc.file}")
 
 
 def doit_config(loaded: Loaded) -> dict[str, Any]:
@@ -604,6 +616,29 @@ class _Project:
         published = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))["entries"]
         _say(format_summary(published, dest))
 
+    def task_ci_workflow(self) -> dict[str, Any]:
+        """Render the release matrix as a GitHub Actions workflow (.github/workflows/release-<name>.yml)."""
+        from .ci_workflow import TEMPLATE_DIR as CI_TEMPLATES
+        from .ci_workflow import render_workflow, workflow_path
+
+        rc = self.loaded.rc
+        if rc.config.release is None:
+            message = f"{rc.file} has no [release] table; e.g. doit ci-workflow config=configs/release-full.toml"
+            return _task(actions=[lambda: TaskFailed(message)], uptodate=[False])
+        out = workflow_path(self.root, rc)
+
+        def write() -> None:
+            _write_atomic(out, render_workflow(self.root, rc))
+            _say(f"workflow {out.relative_to(self.root)}")
+
+        return _task(
+            actions=[_guard(write)],
+            file_dep=[rc.file, CI_TEMPLATES / "release.yml.j2", Path(__file__).parent / "data" / "ci.toml"],
+            targets=[out],
+            uptodate=[config_changed(rc.config.model_dump_json())],
+            verbosity=2,
+        )
+
     def task_clean_build(self) -> dict[str, Any]:
         """Remove the build and dist directories."""
         return _task(actions=[self._clean], uptodate=[False])
@@ -624,6 +659,7 @@ def make_tasks(loaded: Loaded) -> dict[str, Callable[[], Any]]:
         else:
             fn = _union([getattr(g, f"task_{n}") for g in project.graphs], getattr(_Graph, f"task_{n}").__doc__)
         tasks[f"task_{n.replace('_', '-')}"] = _named(fn)
+    tasks["task_ci-workflow"] = _named(project.task_ci_workflow)
     tasks["task_clean_build"] = _named(project.task_clean_build)
     for g in project.graphs:
         for note in g.plan.notes:
