@@ -42,7 +42,9 @@ def render_workflow(root: Path, rc: ResolvedConfig) -> str:
     try:
         config = rc.file.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
-        raise ConfigError(f"{rc.file} is outside the project; CI checks out the project, so the config must be in it")
+        raise ConfigError(
+            f"{rc.file} is outside the project; CI checks out the project, so the config must be in it"
+        ) from None
     entries = []
     for e in release_entries(release):
         target = f"{e.os}-{e.api}"
