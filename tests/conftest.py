@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COPY_IGNORE = shutil.ignore_patterns("build", "dist", ".git", ".nox", ".venv", "__pycache__", "*.egg-info", ".*_cache")
+COPY_IGNORE = shutil.ignore_patterns(
+    "build", "dist", ".git", ".nox", ".venv", "__pycache__", "*.egg-info", ".*_cache", ".cache", "node_modules"
+)
 
 
 def copy_project(dest: Path) -> Path:

@@ -204,7 +204,9 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], [*flags, *includes], REF_SOURCES, objdir)
         argv = [str(plan.host_cc.path), *cfg.profile.cflags, "-shared", *objs, "-o", str(output)]
         if plan.windows:
+            # ld derives a DLL's automatic image base from its output path, which differs from folder to folder
             argv += [str(plan.gen_dir / "coli_backend.def"), "-static-libgcc", "-Wl,--no-insert-timestamp"]
+            argv += ["-Wl,--disable-auto-image-base"]
         else:
             argv += [f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}", "-Wl,--build-id=none"]
         argv += ["-lm"]

@@ -1,0 +1,140 @@
+"""`doit release` for real: the local matrix (Linux host, reference, HIP and CUDA
+backends, the Windows host and reference DLL; windows-hip cannot be built here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, copy_project, need_tool, run_doit
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "config=configs/release-local.toml"
+RELEASE = Path("dist/release-0.2.0")
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    need_tool("gcc", "clang++-19", "nvcc", "x86_64-w64-mingw32-gcc", "wine")
+    root = copy_project(tmp_path_factory.mktemp("release") / "release copy")
+    proc = run_doit(root, "-n", "2", "release", CONFIG)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root, proc.stdout
+
+
+def test_release_publishes_every_entry_with_manifest_and_sums(released: tuple[Path, str]) -> None:
+    root, stdout = released
+    folder = root / RELEASE
+    manifest = json.loads((folder / "release-manifest.json").read_text())
+    status = {e["id"]: e["status"] for e in manifest["entries"]}
+    assert status == {
+        "linux-x86_64-ref-cpu": "built",
+        "windows-x86_64-ref-cpu": "built",
+        "linux-x86_64-hip-gfx90a": "built",
+        "linux-x86_64-hip-gfx1030": "built",
+        "linux-x86_64-cuda-sm_80_sm_90": "built",
+        "windows-x86_64-hip-gfx1151": "not-built",
+    }
+    (skipped,) = [e for e in manifest["entries"] if e["status"] != "built"]
+    assert skipped["needs"].startswith("needs Windows with the HIP SDK and MSVC")
+    for e in manifest["entries"]:
+        if e["status"] == "built":
+            data = (folder / e["package"]).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == e["sha256"] and len(data) == e["size"]
+            assert e["toolchain"]["host"]["version"] and e["validation"].split(":")[0] in ("passed", "not-run")
+    sums = dict(reversed(line.split("  ")) for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == {e["package"] for e in manifest["entries"] if "package" in e} | {"release-manifest.json"}
+    for name, digest in sums.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    # the summary table names every entry, and what the missing one needs
+    assert "release: 5 of 6 entries built" in stdout
+    assert "windows-x86_64-hip-gfx1151" in stdout and "needs Windows" in stdout
+    # the HIP bundles are compressed, and verify still proved each arch is inside
+    verify = json.loads((root / "build/linux-x86_64/reports/verify-hip-gfx90a.json").read_text())
+    assert any("(compressed) lists gfx90a" in c["detail"] for c in verify["checks"])
+
+
+def test_an_unchanged_release_runs_nothing(released: tuple[Path, str]) -> None:
+    root, _ = released
+    before = {p.name: p.stat().st_mtime_ns for p in (root / RELEASE).iterdir()}
+    proc = run_doit(root, "release", CONFIG)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tasks ran" not in proc.stdout and "release:" not in proc.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in (root / RELEASE).iterdir()} == before
+
+
+def test_a_clean_release_in_another_folder_gives_the_same_bytes(released: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = released
+    other = copy_project(tmp_path / "plain")  # no space this time, serial, later
+    proc = run_doit(other, "release", CONFIG)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert files(root / RELEASE) == files(other / RELEASE)
+
+
+def test_entries_fanned_out_and_merged_match_the_full_release(released: tuple[Path, str], tmp_path: Path) -> None:
+    root, _ = released
+    parts = []
+    for entry in ("linux-x86_64-ref-cpu", "windows-x86_64-ref-cpu"):
+        dist = tmp_path / entry
+        proc = run_doit(root, "release", CONFIG, f"entry={entry}", f"dist_dir={dist}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        parts.append(str(dist / "release-0.2.0"))
+    merged = tmp_path / "merged"
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolchain.publish", "merge", str(merged), *parts],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((merged / "release-manifest.json").read_text())
+    assert [e["id"] for e in manifest["entries"]] == ["linux-x86_64-ref-cpu", "windows-x86_64-ref-cpu"]
+    for e in manifest["entries"]:
+        assert (merged / e["package"]).read_bytes() == (root / RELEASE / e["package"]).read_bytes()
+
+
+def test_release_requests_that_cannot_be_met_end_in_one_line(released: tuple[Path, str]) -> None:
+    root, _ = released
+    proc = run_doit(root, "release")
+    assert proc.returncode != 0 and "has no [release] table" in proc.stdout + proc.stderr
+    proc = run_doit(root, "release", CONFIG, "arch=gfx90a")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "config error: arch= do not apply to a release config (configs/release-local.toml): its [release] table "
+        "says what to build; pick entries with entry=<id>[,<id>...]"
+    ]
+    strict = root / "configs" / "release-strict.toml"
+    strict.write_text(
+        (root / "configs/release-local.toml")
+        .read_text()
+        .replace('name = "local"', 'name = "local"\nrequire_all = true')
+    )
+    proc = run_doit(root, "release", "config=configs/release-strict.toml")
+    assert proc.returncode != 0
+    assert "release.require_all is set and 1 entries cannot be built here: windows-x86_64-hip-gfx1151" in proc.stdout
+
+
+def test_a_release_killed_at_random_points_restarts_to_the_same_bytes(tmp_path: Path) -> None:
+    need_tool("gcc", "clang++-19")
+    project = copy_project(tmp_path / "killed copy")
+    script = ROOT / "bench" / "interrupt_release.py"
+    entries = "linux-x86_64-ref-cpu,linux-x86_64-hip-gfx1030"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(project), "--trials", "20", "--entry", entries, "--seed", "7"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "20 of 20 trials ended with the reference bytes" in proc.stdout
+    assert proc.stdout.count("killed at") >= 10  # the kills land inside the build, not after it
