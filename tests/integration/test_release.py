@@ -52,7 +52,10 @@ def test_release_publishes_every_entry_with_manifest_and_sums(released: tuple[Pa
             data = (folder / e["package"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == e["sha256"] and len(data) == e["size"]
             assert e["toolchain"]["host"]["version"] and e["validation"].split(":")[0] in ("passed", "not-run")
-    sums = dict(reversed(line.split("  ")) for line in (folder / "SHA256SUMS").read_text().splitlines())
+    sums: dict[str, str] = {}
+    for line in (folder / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split("  ")
+        sums[name] = digest
     assert set(sums) == {e["package"] for e in manifest["entries"] if "package" in e} | {"release-manifest.json"}
     for name, digest in sums.items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
