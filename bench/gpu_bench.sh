@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Run by hand on a CUDA machine (the device tool), after bench/gpu_check.sh's
-# correctness run: times the backend's kernels at decode and prefill shapes
-# against the copy bandwidth, and PyTorch's f16 matmul at the same shapes.
+# correctness run: times the backend's kernels (and each S = 1 variant) at decode
+# and prefill shapes against the copy bandwidth, and PyTorch's f16 matmul at the
+# same shapes, then prints the tables (bench/gpu_summary.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
 mkdir -p "$out"
-nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Ibuild/gen -Ikernels bench/gpu_matmul_bench.cu \
-  -o /tmp/gpu_matmul_bench || exit 1
-/tmp/gpu_matmul_bench | tee "$out/kernels.jsonl"
-python3 bench/torch_f16_baseline.py | tee "$out/torch_f16.jsonl"
+nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -Ikernels bench/gpu_matmul_bench.cu \
+  -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
+/tmp/gpu_matmul_bench > "$out/kernels.jsonl"
+rc=$?
+python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1
+python3 bench/gpu_summary.py "$out" || rc=1
+exit "$rc"

@@ -27,6 +27,9 @@ if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --leak-check full "$work/coli" --backend "$work/libcoli_cuda.so" --selftest \
     > "$out/memcheck.txt" 2>&1
   echo "memcheck exit $? ($(tail -1 "$out/memcheck.txt"))"
+  compute-sanitizer --tool racecheck "$work/coli" --backend "$work/libcoli_cuda.so" --selftest \
+    > "$out/racecheck.txt" 2>&1
+  echo "racecheck exit $? ($(tail -1 "$out/racecheck.txt"))"
 fi
 echo "selftest exit $rc"
 # the engine on the reference models: CPU vs oracle, CUDA vs CPU at f32/int8/int4, greedy via CUDA

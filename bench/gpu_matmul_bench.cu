@@ -1,113 +1,204 @@
 /* The backend's matmul kernels timed on device pointers, against the device's
- * copy bandwidth. Weights rotate over copies larger than L2, so every launch
- * reads HBM. Built and run by bench/gpu_bench.sh on a CUDA machine.
+ * copy bandwidth. Built and run by bench/gpu_bench.sh on a CUDA machine.
+ *
+ * Method (METHOD.md of the device tool): weights rotate over copies larger than
+ * L2, so every launch reads HBM; 100 launches are captured in a CUDA graph and
+ * the graph replayed 7 times, so launch gaps stay out; the median replay counts.
+ * Inputs are fresh hashed values (signed), never zeros. Every variant's output is
+ * compared with the simple kernel's on the same inputs before it is timed.
  *
  *   gpu_matmul_bench  -> one JSON line per measurement on stdout */
 #include "../kernels/backend_gpu.cu"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
         cudaError_t e_ = (call);                                                      \
         if (e_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));               \
-            return 1;                                                                 \
+            fprintf(stderr, "line %d: %s: %s\n", __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                  \
         }                                                                             \
     } while (0)
 
-__global__ void fill(uint8_t *p, size_t n, uint32_t seed) {
+__global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint8_t)(((uint32_t)i * 2654435761u ^ seed) >> 13);
+}
+
+/* signed values in [-amp, amp) */
+__global__ void fill_floats(float *p, size_t n, uint32_t seed, float amp, float base) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t v = (uint32_t)i * 2654435761u ^ seed;
-        p[i] = (uint8_t)(v >> 13);
+        uint32_t v = ((uint32_t)i + seed) * 2654435761u;
+        v ^= v >> 15;
+        v *= 2246822519u;
+        v ^= v >> 13;
+        p[i] = base + amp * ((float)(v >> 8) / 8388608.0f - 1.0f);
     }
 }
 
-__global__ void fill_scale(float *p, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = 0.01f + 0.001f * (float)(i % 7);
+static cudaStream_t g_stream;
+
+/* Median microseconds per launch: `n` launches captured in a graph, replayed. */
+static double time_graph(const std::function<void(int)> &launch, int n = 100, int reps = 7) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; i++) launch(i);
+    CHECK(cudaStreamEndCapture(g_stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, g_stream)); /* warm-up */
+    CHECK(cudaStreamSynchronize(g_stream));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<double> us;
+    for (int r = 0; r < reps; r++) {
+        CHECK(cudaEventRecord(e0, g_stream));
+        CHECK(cudaGraphLaunch(exec, g_stream));
+        CHECK(cudaEventRecord(e1, g_stream));
+        CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        us.push_back(ms * 1e3 / n);
+    }
+    CHECK(cudaGetLastError());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
 }
 
-static int copy_bandwidth(double *gbps) {
-    size_t n = (size_t)2 << 30;
-    void *a, *b;
-    CHECK(cudaMalloc(&a, n));
-    CHECK(cudaMalloc(&b, n));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-    cudaEventRecord(e0);
-    for (int i = 0; i < 10; i++) cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    *gbps = 2.0 * (double)n * 10 / (ms * 1e-3) / 1e9; /* bytes read + written */
-    cudaFree(a);
-    cudaFree(b);
-    return 0;
+/* Bytes read plus written per second by device-to-device copies of `bytes`. */
+static double copy_gbps(size_t bytes) {
+    int copies = (int)((size_t)(1024u << 20) / bytes) + 2;
+    std::vector<void *> src(copies), dst(copies);
+    for (int i = 0; i < copies; i++) {
+        CHECK(cudaMalloc(&src[i], bytes));
+        CHECK(cudaMalloc(&dst[i], bytes));
+        fill_bytes<<<1024, 256>>>((uint8_t *)src[i], bytes, 3);
+    }
+    double us = time_graph([&](int i) { CHECK(cudaMemcpyAsync(dst[i % copies], src[i % copies], bytes,
+                                                              cudaMemcpyDeviceToDevice, g_stream)); },
+                           bytes > (256u << 20) ? 10 : 100);
+    for (int i = 0; i < copies; i++) cudaFree(src[i]), cudaFree(dst[i]);
+    return 2.0 * (double)bytes / (us * 1e-6) / 1e9;
+}
+
+typedef void (*launcher_fn)(const coli_weight *, const float *, int64_t, float *, cudaStream_t);
+
+struct variant {
+    const char *name;
+    launcher_fn f32, q8, q4;
+};
+
+#define V(R, U) {"gemv R" #R " U" #U, launch_gemv<COLI_FMT_F32, R, U, 1>, launch_gemv<COLI_FMT_Q8, R, U, 1>, \
+                  launch_gemv<COLI_FMT_Q4, R, U, 1>}
+static const variant VARIANTS[] = {V(1, 2), V(1, 4), V(2, 1), V(2, 2), V(2, 4), V(4, 1), V(4, 2), V(4, 4)};
+
+static launcher_fn pick(const variant &v, int format) {
+    return format == COLI_FMT_F32 ? v.f32 : format == COLI_FMT_Q8 ? v.q8 : v.q4;
+}
+
+static void launch_simple_any(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    switch (w->format) {
+    case COLI_FMT_F32: launch_simple<COLI_FMT_F32>(w, dx, s, dy, stream); break;
+    case COLI_FMT_Q8: launch_simple<COLI_FMT_Q8>(w, dx, s, dy, stream); break;
+    default: launch_simple<COLI_FMT_Q4>(w, dx, s, dy, stream);
+    }
+}
+
+/* max |a - b| / max |b| over n values; NaN if any value of a is not finite */
+static double rel_err(const float *da, const float *db, size_t n) {
+    std::vector<float> a(n), b(n);
+    CHECK(cudaMemcpy(a.data(), da, n * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(b.data(), db, n * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(a[i])) return NAN;
+        num = std::max(num, (double)std::fabs(a[i] - b[i]));
+        den = std::max(den, (double)std::fabs(b[i]));
+    }
+    return num / den;
 }
 
 int main() {
-    double copy;
-    if (copy_bandwidth(&copy)) return 1;
-    printf("{\"copy_gbps\": %.1f}\n", copy);
+    CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    const double copy = copy_gbps((size_t)1 << 30);
+    printf("{\"copy_gbps\": %.1f, \"bytes\": %zu}\n", copy, (size_t)1 << 30);
     const int64_t shapes[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
     const int formats[] = {COLI_FMT_F32, COLI_FMT_Q8, COLI_FMT_Q4};
     const char *names[] = {"f32", "int8", "int4"};
+    const int64_t sizes[] = {1, 2, 4, 8, 16, 64, 256};
+    int failures = 0;
     for (const auto &sh : shapes)
-        for (int fi = 0; fi < 3; fi++)
-            for (int64_t s : {1, 8, 64}) {
-                coli_weight w;
-                memset(&w, 0, sizeof w);
-                w.format = formats[fi];
-                w.rows = sh[0];
-                w.cols = sh[1];
-                w.group = w.format == COLI_FMT_Q4 ? 32 : 0;
-                size_t qb, sb;
-                coli_weight_sizes(&w, &qb, &sb);
-                int copies = (int)((512u << 20) / qb) + 2; /* rotate over > 512 MiB: far beyond L2 */
-                std::vector<coli_weight> ws(copies, w);
-                for (auto &c : ws) {
-                    CHECK(cudaMalloc(&c.q, qb));
-                    fill<<<1024, 256>>>((uint8_t *)c.q, qb, 7);
-                    if (sb) {
-                        CHECK(cudaMalloc((void **)&c.scale, sb));
-                        fill_scale<<<256, 256>>>(c.scale, sb / 4);
-                    }
-                    if (w.format == COLI_FMT_F32) fill_scale<<<1024, 256>>>((float *)c.q, qb / 4);
+        for (int fi = 0; fi < 3; fi++) {
+            coli_weight w;
+            memset(&w, 0, sizeof w);
+            w.format = formats[fi];
+            w.rows = sh[0];
+            w.cols = sh[1];
+            w.group = w.format == COLI_FMT_Q4 ? 32 : 0;
+            size_t qb, sb;
+            coli_weight_sizes(&w, &qb, &sb);
+            const double same_copy = copy_gbps(qb + sb);
+            int copies = (int)((size_t)(512u << 20) / qb) + 2; /* rotate over > 512 MiB: far beyond L2 */
+            std::vector<coli_weight> ws(copies, w);
+            for (int c = 0; c < copies; c++) {
+                CHECK(cudaMalloc(&ws[c].q, qb));
+                if (w.format == COLI_FMT_F32) fill_floats<<<1024, 256, 0, g_stream>>>((float *)ws[c].q, qb / 4, c, 1.0f, 0.0f);
+                else fill_bytes<<<1024, 256, 0, g_stream>>>((uint8_t *)ws[c].q, qb, 7 + c);
+                if (sb) {
+                    CHECK(cudaMalloc((void **)&ws[c].scale, sb));
+                    fill_floats<<<256, 256, 0, g_stream>>>(ws[c].scale, sb / 4, 11 + c, 0.005f, 0.01f);
                 }
-                float *x, *y;
-                CHECK(cudaMalloc((void **)&x, (size_t)s * w.cols * 4));
-                CHECK(cudaMalloc((void **)&y, (size_t)s * w.rows * 4));
-                fill_scale<<<256, 256>>>(x, (size_t)s * w.cols);
-                for (int i = 0; i < copies; i++) CHECK(launch_matmul(&ws[i], x, s, y, 0)); /* warm-up */
-                CHECK(cudaDeviceSynchronize());
-                cudaEvent_t e0, e1;
-                cudaEventCreate(&e0);
-                cudaEventCreate(&e1);
-                int iters = 200;
-                cudaEventRecord(e0);
-                for (int i = 0; i < iters; i++) launch_matmul(&ws[i % copies], x, s, y, 0);
-                cudaEventRecord(e1);
-                CHECK(cudaEventSynchronize(e1));
-                CHECK(cudaGetLastError());
-                float ms;
-                cudaEventElapsedTime(&ms, e0, e1);
-                double us = ms * 1e3 / iters;
-                double bytes = (double)(qb + sb) + (double)s * (w.cols + w.rows) * 4;
-                printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"us\": %.2f, "
-                       "\"gbps\": %.1f, \"of_copy\": %.3f}\n",
-                       (long long)w.rows, (long long)w.cols, (long long)s, names[fi], us, bytes / (us * 1e-6) / 1e9,
-                       bytes / (us * 1e-6) / 1e9 / copy);
-                for (auto &c : ws) {
-                    cudaFree(c.q);
-                    if (c.scale) cudaFree(c.scale);
-                }
-                cudaFree(x);
-                cudaFree(y);
             }
-    return 0;
+            const int64_t smax = 256;
+            float *x, *y, *ref;
+            CHECK(cudaMalloc((void **)&x, (size_t)smax * w.cols * 4));
+            CHECK(cudaMalloc((void **)&y, (size_t)smax * w.rows * 4));
+            CHECK(cudaMalloc((void **)&ref, (size_t)smax * w.rows * 4));
+            fill_floats<<<1024, 256, 0, g_stream>>>(x, (size_t)smax * w.cols, 5 + fi, 1.0f, 0.0f);
+            CHECK(cudaStreamSynchronize(g_stream));
+            auto report = [&](const char *kernel, int64_t s, launcher_fn f) {
+                /* correctness on copy 0, output poisoned first, then the timing */
+                launch_simple_any(&ws[0], x, s, ref, g_stream);
+                CHECK(cudaMemsetAsync(y, 0xFF, (size_t)s * w.rows * 4, g_stream)); /* NaN */
+                if (f) f(&ws[0], x, s, y, g_stream);
+                else CHECK(launch_matmul(&ws[0], x, s, y, g_stream));
+                CHECK(cudaStreamSynchronize(g_stream));
+                const double err = rel_err(y, ref, (size_t)s * w.rows);
+                const bool ok = err <= 2e-5;
+                failures += !ok;
+                double us = time_graph([&](int i) {
+                    if (f) f(&ws[i % copies], x, s, y, g_stream);
+                    else launch_matmul(&ws[i % copies], x, s, y, g_stream);
+                });
+                const double bytes = (double)(qb + sb) + (double)s * (w.cols + w.rows) * 4;
+                const double gbps = bytes / (us * 1e-6) / 1e9;
+                printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"kernel\": \"%s\", "
+                       "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"of_same_size_copy\": %.3f, "
+                       "\"tflops\": %.2f, \"rel_err\": %.2e, \"ok\": %s}\n",
+                       (long long)w.rows, (long long)w.cols, (long long)s, names[fi], kernel, us, gbps, gbps / copy,
+                       gbps / same_copy, 2.0 * s * w.rows * w.cols / (us * 1e-6) / 1e12, err, ok ? "true" : "false");
+                fflush(stdout);
+            };
+            for (int64_t s : sizes) report("auto", s, nullptr);
+            for (const variant &v : VARIANTS) report(v.name, 1, pick(v, w.format));
+            for (auto &c : ws) {
+                cudaFree(c.q);
+                if (c.scale) cudaFree(c.scale);
+            }
+            cudaFree(x);
+            cudaFree(y);
+            cudaFree(ref);
+        }
+    fprintf(stderr, "%d variant(s) disagreed with the simple kernel\n", failures);
+    return failures ? 1 : 0;
 }

@@ -27,12 +27,15 @@
 #define cudaStream_t hipStream_t
 /* lanes exchange within 32-lane teams: a 64-wide wavefront holds two teams */
 #define COLI_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
+#define COLI_LOAD_STREAM(p) (*(p))
 #else
 #include <cuda_runtime.h>
 #define COLI_GPU_API "cuda"
 #define COLI_GPU_TAG 0x4355 /* "CU" */
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "sm_%d%d", (prop).major, (prop).minor)
 #define COLI_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+/* weights are read once: stream them past the caches that x lives in */
+#define COLI_LOAD_STREAM(p) __ldcs(p)
 #endif
 
 #endif
