@@ -11,6 +11,12 @@ nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -
   -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 /tmp/gpu_matmul_bench > "$out/kernels.jsonl"
 rc=$?
-python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1
+if [[ ${COLI_BENCH_TORCH:-1} == 1 ]]; then python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1; fi
 python3 bench/gpu_summary.py "$out" || rc=1
+# where the S = 1 kernels spend their time (hardware counters; the clocks left alone)
+if [[ ${COLI_BENCH_NCU:-0} == 1 ]] && command -v ncu >/dev/null; then
+  ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis -k regex:gemv /tmp/gpu_matmul_bench profile > "$out/ncu.txt" 2>&1
+  echo "ncu exit $?"
+fi
 exit "$rc"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a CUDA machine: large-model decode through the CUDA backend with the team kernels
+# On a CUDA machine: large-model decode through the CUDA backend with its fast kernels
 # and with COLI_GPU_SIMPLE=1 (the simple kernel), side by side. build/gen carried.
 set -uo pipefail
 work=$(mktemp -d)

@@ -34,11 +34,14 @@ static coli_status coli_fail(coli_status status, const char *fmt, ...) {
 
 static const char *coli_error_get(void) { return coli_error_text; }
 
-/* A weight as every backend stores it; `q` and `scale` point into the backend's memory. */
+/* A weight as every backend stores it; `q` and `scale` point into the backend's
+ * memory. `layout` is how `q` is ordered there: 0 is the ABI's row-major order; a
+ * backend may keep its own (the GPU backend's interleaved rows, gpu_matmul.cuh). */
 typedef struct coli_weight {
     int32_t format;
     int64_t rows, cols;
     int32_t group;
+    int32_t layout;
     void *q;
     float *scale;
     uint64_t bytes;

@@ -107,7 +107,19 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
         return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: cannot allocate %zu device bytes: %s", qb + sb,
                          cudaGetErrorString(e));
     }
-    e = cudaMemcpy(w->q, q, qb, cudaMemcpyHostToDevice);
+    if (!simple_only() && interleaves(format, cols, group)) { /* the kernels' order (gpu_matmul.cuh) */
+        void *order = malloc(qb);
+        if (!order) {
+            release(w);
+            return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: out of host memory (%zu bytes to reorder)", qb);
+        }
+        interleave_rows(q, order, rows, (int64_t)(qb / 4 / (size_t)rows));
+        w->layout = 1;
+        e = cudaMemcpy(w->q, order, qb, cudaMemcpyHostToDevice);
+        free(order);
+    } else {
+        e = cudaMemcpy(w->q, q, qb, cudaMemcpyHostToDevice);
+    }
     if (e == cudaSuccess && sb) e = cudaMemcpy(w->scale, scale, sb, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         release(w);

@@ -22,6 +22,9 @@
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
 #define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
 #define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaGetDevice hipGetDevice
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaGetLastError hipGetLastError
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "%.31s", (prop).gcnArchName)
 #define cudaStream_t hipStream_t
