@@ -119,6 +119,9 @@ static int run_bad_inputs(coli_backend *b, bad_case *cases) {
     BAD("q4 group not dividing cols", COLI_E_SHAPE, b->api.tensor_upload_q4(q4, w, 2, 24, 16, &t));
     BAD("negative shape", COLI_E_SHAPE, b->api.tensor_upload_f32(w, -1, 8, &t));
     BAD("null data", COLI_E_INVALID, b->api.tensor_upload_f32(NULL, 8, 8, &t));
+    /* 512 TiB: no allocation can succeed, so the data pointer is never read */
+    BAD("out of memory", COLI_E_OUT_OF_MEMORY, b->api.tensor_upload_f32(w, 1LL << 31, 1LL << 16, &t));
+    BAD("too many values", COLI_E_SHAPE, b->api.tensor_upload_f32(w, 1LL << 31, 1LL << 31, &t));
     if (b->api.tensor_upload_f32(w, 8, 8, &t) == COLI_OK) {
         BAD("mismatched in_features", COLI_E_SHAPE, b->api.matmul(t, x, 1, 4, y));
         BAD("zero tokens", COLI_E_SHAPE, b->api.matmul(t, x, 0, 8, y));

@@ -121,6 +121,9 @@ static coli_status coli_weight_check(int32_t format, const void *q, const float 
     if (rows <= 0 || cols <= 0 || rows > (1LL << 31) || cols > (1LL << 31))
         return coli_fail(COLI_E_SHAPE, "upload: shape %lld x %lld is not within 1..2^31",
                          (long long)rows, (long long)cols);
+    if (rows * cols > (1LL << 48)) /* the byte counts below must not wrap */
+        return coli_fail(COLI_E_SHAPE, "upload: shape %lld x %lld has more than 2^48 values",
+                         (long long)rows, (long long)cols);
     if (format == COLI_FMT_Q4 && (group <= 0 || group % 2 || cols % group))
         return coli_fail(COLI_E_SHAPE, "upload_q4: group_size %d must be even and divide cols %lld",
                          (int)group, (long long)cols);

@@ -92,6 +92,13 @@ class Fixtures:
         proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
         stdout = proc.stdout.decode("utf-8", "replace")
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if not lines and self.platform.under_wine:
+            # Every scenario prints its JSON line, pass or fail; none at all under Wine
+            # was seen once in a full CI run (not reproduced in 3 x 55 reruns): a Wine
+            # start-up hiccup, given one more go. A harness that never prints still fails.
+            proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
+            stdout = proc.stdout.decode("utf-8", "replace")
+            lines = [line for line in stdout.splitlines() if line.startswith("{")]
         data: dict[str, Any] = json.loads(lines[-1]) if lines else {"no_json": True}
         data["rc"] = proc.returncode
         data["stderr"] = proc.stderr.decode("utf-8", "replace")

@@ -24,11 +24,16 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     host, ref = sanitized
     proc = run(host, "--backend", str(ref), "--selftest", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+    # the selftest's 512 TiB upload makes ASan warn that it returned NULL, as asked
+    reports = [x for x in proc.stderr.splitlines() if "Sanitizer" in x or "runtime error" in x]
+    assert [x for x in reports if "failed to allocate" not in x] == [], proc.stderr
     result = json.loads(proc.stdout)
     assert result["passed"] is True and result["backend"] == "ref"
-    assert len(result["checks"]) == 15 and all(c["ok"] for c in result["checks"])
-    assert {c["format"] for c in result["checks"]} == {"f32", "int8", "int4"}
+    checks = result["checks"]
+    assert len(checks) >= 15 and all(c["ok"] for c in checks)
+    shapes = {(c["rows"], c["cols"], c["s"]) for c in checks}
+    assert len(checks) == 3 * len(shapes), "every shape is checked in every format"
+    assert {c["format"] for c in checks} == {"f32", "int8", "int4"}
     assert len(result["bad_input"]) >= 9 and all(b["ok"] and b["message"] for b in result["bad_input"])
     assert result["resident_after_free"] == 0
 

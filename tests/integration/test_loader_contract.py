@@ -218,7 +218,7 @@ def test_the_hip_backend_comes_from_the_executables_folder_only(fx: Fixtures) ->
     (fx.app / fx.platform.backend).rename(moved / fx.platform.backend)
     try:
         r = open_hip(fx, fx.dir_of("A"))
-        assert r["rc"] == 1 and "does not exist" in str(r["error"]) and "app dir ü" in str(r["error"]), r
+        assert r["rc"] == 1 and "does not exist" in str(r.get("error")) and "app dir ü" in str(r.get("error")), r
     finally:
         (moved / fx.platform.backend).rename(fx.app / fx.platform.backend)
 
