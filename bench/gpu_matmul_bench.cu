@@ -138,14 +138,23 @@ struct variant {
     launcher_fn f32, q8, q4;
 };
 
+static float *g_bench_planes; /* the planes variants' scratch, cols floats */
+
+template <int FORMAT, int R, int D>
+static void planes_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
+    launch_gemv_planes<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
+}
+
 #define GEMV(R, D, T) {"gemv R" #R " D" #D " T" #T, T, launch_gemv<COLI_FMT_F32, R, D, T>, \
                         launch_gemv<COLI_FMT_Q8, R, D, T>, launch_gemv<COLI_FMT_Q4, R, D, T>}
+#define PLANES(R, D) {"planes R" #R " D" #D, 1, nullptr, planes_variant<COLI_FMT_Q8, R, D>, \
+                      planes_variant<COLI_FMT_Q4, R, D>}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
-    GEMV(1, 2, 1), GEMV(1, 4, 1), GEMV(2, 1, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 1, 1), GEMV(4, 2, 1),
-    GEMV(1, 2, 8), GEMV(2, 2, 8), GEMV(4, 2, 8),
-    TILE(32, 64), TILE(64, 64),
+    GEMV(1, 2, 1), GEMV(2, 1, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 1, 1), GEMV(4, 2, 1),
+    PLANES(1, 2), PLANES(1, 4), PLANES(2, 1), PLANES(2, 2), PLANES(2, 4), PLANES(4, 1), PLANES(4, 2),
+    GEMV(2, 2, 8), TILE(32, 64), TILE(64, 64),
 };
 
 static launcher_fn pick(const variant &v, int format) {
@@ -210,7 +219,9 @@ int main(int argc, char **argv) {
                 }
             }
             const int64_t smax = 256;
-            float *x, *y, *ref;
+            float *x, *y, *ref, *planes;
+            CHECK(cudaMalloc((void **)&planes, (size_t)w.cols * 4));
+            g_bench_planes = planes;
             CHECK(cudaMalloc((void **)&x, (size_t)smax * w.cols * 4));
             CHECK(cudaMalloc((void **)&y, (size_t)smax * w.rows * 4));
             CHECK(cudaMalloc((void **)&ref, (size_t)smax * w.rows * 4));
@@ -221,7 +232,7 @@ int main(int argc, char **argv) {
                 launch_simple_any(&ws[0], x, s, ref, g_stream);
                 CHECK(cudaMemsetAsync(y, 0xFF, (size_t)s * w.rows * 4, g_stream)); /* NaN */
                 if (f) f(&ws[0], x, s, y, g_stream);
-                else CHECK(launch_matmul(&ws[0], x, s, y, g_stream));
+                else CHECK(launch_matmul(&ws[0], x, s, y, g_stream, planes));
                 CHECK(cudaStreamSynchronize(g_stream));
                 const double err = rel_err(y, ref, (size_t)s * w.rows);
                 const bool ok = err <= 2e-5;
@@ -229,7 +240,7 @@ int main(int argc, char **argv) {
                 if (profile) return;
                 double us = time_graph([&](int i) {
                     if (f) f(&ws[i % copies], x, s, y, g_stream);
-                    else launch_matmul(&ws[i % copies], x, s, y, g_stream);
+                    else launch_matmul(&ws[i % copies], x, s, y, g_stream, planes);
                 });
                 const double bytes = (double)(qb + sb) + (double)s * (w.cols + w.rows) * 4;
                 const double gbps = bytes / (us * 1e-6) / 1e9;
@@ -243,7 +254,8 @@ int main(int argc, char **argv) {
             for (int64_t s : sizes)
                 if (!profile || s == 1) report("auto", s, nullptr);
             if (!profile)
-                for (const variant &v : VARIANTS) report(v.name, v.s, pick(v, w.format));
+                for (const variant &v : VARIANTS)
+                    if (pick(v, w.format)) report(v.name, v.s, pick(v, w.format));
             for (auto &c : ws) {
                 cudaFree(c.q);
                 if (c.scale) cudaFree(c.scale);
@@ -251,6 +263,7 @@ int main(int argc, char **argv) {
             cudaFree(x);
             cudaFree(y);
             cudaFree(ref);
+            cudaFree(planes);
         }
     fprintf(stderr, "%d variant(s) disagreed with the simple kernel\n", failures);
     return failures ? 1 : 0;

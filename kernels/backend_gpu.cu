@@ -8,8 +8,8 @@
 
 static coli_table g_tensors = {COLI_GPU_TAG, NULL, 0, 0, 0};
 static int g_ready = 0;
-static float *g_x = NULL, *g_y = NULL;     /* device scratch for activations */
-static size_t g_x_cap = 0, g_y_cap = 0;
+static float *g_x = NULL, *g_y = NULL, *g_planes = NULL; /* device scratch for activations */
+static size_t g_x_cap = 0, g_y_cap = 0, g_planes_cap = 0;
 
 #define GPU_CHECK(call)                                                                          \
     do {                                                                                         \
@@ -57,8 +57,9 @@ COLI_API coli_status coli_backend_shutdown(void) {
     coli_table_reset(&g_tensors);
     if (g_x) (void)cudaFree(g_x);
     if (g_y) (void)cudaFree(g_y);
-    g_x = g_y = NULL;
-    g_x_cap = g_y_cap = 0;
+    if (g_planes) (void)cudaFree(g_planes);
+    g_x = g_y = g_planes = NULL;
+    g_x_cap = g_y_cap = g_planes_cap = 0;
     g_ready = 0;
     return COLI_OK;
 }
@@ -191,8 +192,9 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
     if (s > 65535) return coli_fail(COLI_E_SHAPE, "matmul: s = %lld exceeds 65535", (long long)s);
     size_t xb = (size_t)s * (size_t)w->cols * sizeof(float), yb = (size_t)s * (size_t)w->rows * sizeof(float);
     if ((st = grow(&g_x, &g_x_cap, xb)) || (st = grow(&g_y, &g_y_cap, yb))) return st;
+    if (s == 1 && (st = grow(&g_planes, &g_planes_cap, xb))) return st;
     GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
-    GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0));
+    GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0, s == 1 ? g_planes : NULL));
     GPU_CHECK(cudaMemcpy(y, g_y, yb, cudaMemcpyDeviceToHost));
     return COLI_OK;
 }

@@ -41,4 +41,16 @@
 #define COLI_LOAD_STREAM(p) __ldcs(p)
 #endif
 
+/* Four int8 products summed into c: the dp4a instruction on NVIDIA GPUs, written
+ * out elsewhere (the host, where the layout check runs it, and HIP for now). */
+__host__ __device__ inline int coli_dp4a(int a, int b, int c) {
+#if defined(__CUDA_ARCH__)
+    return __dp4a(a, b, c);
+#else
+    for (int k = 0; k < 32; k += 8) c += (int)(signed char)(a >> k) * (int)(signed char)(b >> k);
+    return c;
+#endif
+}
+#define COLI_DP4A(a, b, c) coli_dp4a((a), (b), (c))
+
 #endif

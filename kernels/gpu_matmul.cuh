@@ -3,7 +3,8 @@
  * backend_gpu.cu (and by bench/gpu_matmul_bench.cu, which times the variants).
  *
  *   gemv_kernel   S <= 16 (decode): bound by reading W from memory, once per
- *                 8 tokens.
+ *                 8 tokens. At S = 1 int8 and int4 weights meet x as int8
+ *                 planes (prep_x_kernel) in integer dot products.
  *   tile_kernel   S > 16 (prefill, teacher forcing): bound by f32 arithmetic.
  *   simple_kernel any shape; rows that are not whole 16-byte pieces, and the
  *                 reference path (COLI_GPU_SIMPLE=1) for comparisons.
@@ -93,6 +94,110 @@ static void interleave_rows(const void *src, void *dst, int64_t rows, int64_t wo
     for (int64_t r = 0; r < rows; r++)
         for (int64_t wn = 0; wn < words; wn++)
             memcpy((char *)dst + 4 * (r * words + interleaved_word(wn, words)), (const char *)src + 4 * (r * words + wn), 4);
+}
+
+/* ---- One token's x as three int8 planes (int8 and int4 weights at S = 1) -------------
+ * Turning weights into floats costs more instructions per value than the memory
+ * system leaves time for (int4 above all). Instead x, shared by every row, is cut
+ * once per call into integers: each run of 8 columns gets a power of two E above
+ * its largest |x|, and v = round(x / E * 2^22), |v| <= 2^22, is split into int8
+ * digits a * 2^16 + b * 2^8 + c. A weight word then takes three (int8) or six
+ * (int4) dp4a and one conversion, and the sums stay exact in int32: for int8 a word
+ * sums at most 4 * 127 * 65 * 2^16 + 4 * 127 * 128 * 2^8 + 4 * 127 * 128 < 2^31,
+ * for int4 8 * 15 * 65 * 2^16 + ... < 2^30. x's rounding is 2^-23 of its run's
+ * largest value, about what float32 sums add anyway.
+ * Per word the kernels read 16 bytes (int8: a, b, c, E * 2^-22 for its 4 columns)
+ * or 32 (int4: a, b, c for the even and the odd columns, E * 2^-22, and the sum of
+ * the 8 v, for the -8 bias), the bytes of the float32 x they replace. */
+/* Bit casts that the host can run too (the layout check runs these functions there). */
+__host__ __device__ inline float as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+__host__ __device__ inline uint32_t as_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+__host__ __device__ inline uint32_t pack4(int v0, int v1, int v2, int v3) {
+    return (uint32_t)(v0 & 0xFF) | (uint32_t)(v1 & 0xFF) << 8 | (uint32_t)(v2 & 0xFF) << 16 | (uint32_t)(v3 & 0xFF) << 24;
+}
+
+/* Eight values -> their digits (d[0] a, d[1] b, d[2] c), E * 2^-22 and the sum of v. */
+__host__ __device__ inline void quantize_x8(const float (&x)[8], int (&d)[3][8], float &e, int &sum) {
+    float m = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(x[j])), finite = finite && fabsf(x[j]) <= 3.4e38f;
+    int ex = 0;
+    if (!finite) { /* inf or NaN: the sums must come out NaN, not finite */
+        for (int j = 0; j < 8; j++) d[0][j] = d[1][j] = d[2][j] = 0;
+        e = NAN, sum = 0;
+        return;
+    }
+    (void)frexpf(m, &ex); /* m < 2^ex */
+    sum = 0;
+    for (int j = 0; j < 8; j++) {
+        const int v = (int)rintf(ldexpf(x[j], 22 - ex)); /* x * 2^(22 - ex), exact before the rounding */
+        const int c = ((v + 128) & 255) - 128, v1 = (v - c) >> 8; /* v - c is a multiple of 256 */
+        const int b = ((v1 + 128) & 255) - 128;
+        d[0][j] = (v1 - b) >> 8, d[1][j] = b, d[2][j] = c;
+        sum += v;
+    }
+    e = ldexpf(1.0f, ex - 22); /* 0 when the run's largest |x| is below 2^-127: such runs count as 0 */
+}
+
+/* Eight columns of x -> their planes, as the weight words read them: int8, two
+ * 16-byte units (a, b, c, e) for columns 0-3 and 4-7; int4, one 32-byte word
+ * (a, b, c for the even columns, which sit in the low nibbles, and the odd; e; sum). */
+template <int FORMAT> __host__ __device__ inline void planes_of8(const float (&x)[8], float4 (&out)[2]) {
+    int d[3][8], sum;
+    float e;
+    quantize_x8(x, d, e, sum);
+    if (FORMAT == COLI_FMT_Q8) {
+        for (int h = 0; h < 2; h++) {
+            const int o = 4 * h;
+            out[h] = make_float4(as_float(pack4(d[0][o], d[0][o + 1], d[0][o + 2], d[0][o + 3])),
+                                 as_float(pack4(d[1][o], d[1][o + 1], d[1][o + 2], d[1][o + 3])),
+                                 as_float(pack4(d[2][o], d[2][o + 1], d[2][o + 2], d[2][o + 3])), e);
+        }
+    } else {
+        uint32_t p[3][2];
+        for (int k = 0; k < 3; k++)
+            for (int odd = 0; odd < 2; odd++) p[k][odd] = pack4(d[k][odd], d[k][2 + odd], d[k][4 + odd], d[k][6 + odd]);
+        out[0] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]),
+                             as_float(p[1][1]));
+        out[1] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)sum));
+    }
+}
+
+/* The planes of x (cols % 8 == 0), one thread per 8 columns. */
+template <int FORMAT>
+__global__ void __launch_bounds__(256) prep_x_kernel(const float *__restrict__ x, int64_t cols, float4 *__restrict__ out) {
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= cols / 8) return;
+    const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float4 units[2];
+    planes_of8<FORMAT>(v, units);
+    out[2 * g] = units[0], out[2 * g + 1] = units[1];
+}
+
+/* One weight word against its x planes: the exact integer sum of value * v. */
+template <int FORMAT> __host__ __device__ inline int word_dot(uint32_t word, const float4 *u) {
+    if constexpr (FORMAT == COLI_FMT_Q8) {
+        const int w = (int)word;
+        const int a = COLI_DP4A(w, (int)as_bits(u[0].x), 0), b = COLI_DP4A(w, (int)as_bits(u[0].y), 0);
+        const int c = COLI_DP4A(w, (int)as_bits(u[0].z), 0);
+        return a * 65536 + b * 256 + c;
+    } else {
+        const int lo = (int)(word & 0x0F0F0F0Fu), hi = (int)((word >> 4) & 0x0F0F0F0Fu); /* n + 8, 0..15 */
+        const int a = COLI_DP4A(hi, (int)as_bits(u[0].y), COLI_DP4A(lo, (int)as_bits(u[0].x), 0));
+        const int b = COLI_DP4A(hi, (int)as_bits(u[0].w), COLI_DP4A(lo, (int)as_bits(u[0].z), 0));
+        const int c = COLI_DP4A(hi, (int)as_bits(u[1].y), COLI_DP4A(lo, (int)as_bits(u[1].x), 0));
+        return a * 65536 + b * 256 + c - 8 * (int)as_bits(u[1].w);
+    }
 }
 
 /* ---- S <= 16: a warp owns R rows and T tokens ----------------------------------------
@@ -201,7 +306,32 @@ __device__ inline void gemv_run(const int4 (&wv)[R], const float (&sc)[R][4], co
             for (int t = 0; t < T; t++) acc[k][t] += (part[k][t][0] + part[k][t][1]) + (part[k][t][2] + part[k][t][3]);
 }
 
-template <int FORMAT, int R, int D, int T, int XM>
+/* One run through the planes of x (T = 1, int8 or int4): per word and row, the
+ * integer dot product, then one conversion and one fma. */
+template <int FORMAT, int R, int XM>
+__device__ inline void gemv_run_planes(const int4 (&wv)[R], const float (&sc)[R][4],
+                                       const float4 (&xr)[run_x<FORMAT>::loads], const float4 *xq, int pieces,
+                                       int start, int lane, float (&acc)[R][1]) {
+    constexpr int UW = FORMAT == COLI_FMT_Q8 ? 1 : 2; /* 16-byte units of planes per word */
+    const int i = start + lane;
+    if (i >= pieces) return; /* only in a row's last run */
+    const int nb = pieces - start < WARP ? pieces - start : WARP;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        float4 u[UW];
+#pragma unroll
+        for (int j = 0; j < UW; j++) u[j] = XM == X_RING ? xr[m * UW + j] : __ldg(xq + (start * 4 + m * nb + lane) * UW + j);
+        const float e = UW == 1 ? u[0].w : u[UW - 1].z;
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const float dot = (float)word_dot<FORMAT>(word_of(wv[k], m), u);
+            acc[k][0] = fmaf(dot, FORMAT == COLI_FMT_Q4 ? e * sc[k][m] : e, acc[k][0]);
+        }
+    }
+}
+
+/* QX: x is the planes of prep_x_kernel (T = 1, int8 and int4), else float32. */
+template <int FORMAT, int R, int D, int T, int XM, bool QX>
 __global__ void __launch_bounds__(256)
     gemv_kernel(const void *__restrict__ q, const float *__restrict__ scale, int64_t rows, int64_t cols,
                 int32_t group, const float *__restrict__ x, int64_t s, float *__restrict__ y) {
@@ -240,7 +370,10 @@ __global__ void __launch_bounds__(256)
     for (int run = 0; run < pieces; run += D * WARP) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
-            gemv_run<FORMAT, R, T, XM>(ring[d], ring_sc[d], ring_x[d], xt, nt, pieces, run + d * WARP, lane, acc);
+            if constexpr (QX)
+                gemv_run_planes<FORMAT, R, XM>(ring[d], ring_sc[d], ring_x[d], xt[0], pieces, run + d * WARP, lane, acc);
+            else
+                gemv_run<FORMAT, R, T, XM>(ring[d], ring_sc[d], ring_x[d], xt, nt, pieces, run + d * WARP, lane, acc);
             gemv_load<FORMAT, R, XPRE>(w, sr, group, gshift, xt[0], pieces, run + (d + D) * WARP, lane, ring[d],
                                        ring_sc[d], ring_x[d]);
         }
@@ -428,7 +561,17 @@ template <int FORMAT, int R, int D, int T, int XM = T == 1 ? X_RING : X_AT_USE>
 static void launch_gemv(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
     const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
     dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), (unsigned)((s + T - 1) / T));
-    gemv_kernel<FORMAT, R, D, T, XM><<<grid, GEMV_THREADS, 0, stream>>>(LAUNCH_ARGS);
+    gemv_kernel<FORMAT, R, D, T, XM, false><<<grid, GEMV_THREADS, 0, stream>>>(LAUNCH_ARGS);
+}
+
+/* S = 1 through the planes of x: `planes` is device scratch of cols floats. */
+template <int FORMAT, int R, int D, int XM = X_RING>
+static void launch_gemv_planes(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+    const int64_t groups = w->cols / 8, per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    prep_x_kernel<FORMAT><<<(unsigned)((groups + 255) / 256), 256, 0, stream>>>(dx, w->cols, (float4 *)planes);
+    dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), 1);
+    gemv_kernel<FORMAT, R, D, 1, XM, true><<<grid, GEMV_THREADS, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group,
+                                                                             planes, 1, dy);
 }
 
 /* Tokens per pass: the fewest of 1, 2, 4, 8 that cover s. */
@@ -469,10 +612,12 @@ static int sm_count(void) {
 
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
- *   S = 1      f32: 2 rows per warp, a ring of 4 runs. int8: the same, or 4 rows
- *              and 2 runs once rows fill the GPU. int4: 2 rows and 1 run, or
- *              4 rows and 2 runs for few long rows (4 rows share x, and int4
- *              reads 8 bytes of x per byte of weights).
+ *   S = 1      f32: float32 x, 2 rows per warp, a ring of 4 runs. int8 and int4:
+ *              the planes of x (integer dot products) with 2 rows per warp and a
+ *              ring of 4 (int8) or 2 (int4) runs, or 4 (int8) and 2 (int4) rows
+ *              with one run when rows fill the GPU; small int8 weights do as well
+ *              without the planes' extra launch. Without scratch for the planes
+ *              the float32 path serves every format.
  *   S <= 16    2 rows per warp, a ring of 2 runs, up to 8 tokens per pass.
  *   S > 16     tiles; half-height ones when full ones would not give every
  *              multiprocessor a block. */
@@ -487,7 +632,7 @@ static bool simple_only(void) {
 
 template <int FORMAT>
 static void launch_format(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
-                          bool simple) {
+                          bool simple, float *planes) {
     const bool pieces = FORMAT == COLI_FMT_F32 ? w->cols % 4 == 0 : w->layout != 0;
     if (simple) {
         launch_simple<FORMAT>(w, dx, s, dy, stream);
@@ -498,21 +643,26 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
         launch_simple<FORMAT>(w, dx, s, dy, stream);
     } else if (s > 1) {
         launch_gemv_tokens<FORMAT, 2, 2>(w, dx, s, dy, stream);
-    } else if (FORMAT == COLI_FMT_F32 || (FORMAT == COLI_FMT_Q8 && w->rows < 8192)) {
+    } else if (FORMAT == COLI_FMT_F32 || !planes || (FORMAT == COLI_FMT_Q8 && w->rows < 8192 && w->cols < 8192)) {
         launch_gemv<FORMAT, 2, 4, 1>(w, dx, s, dy, stream);
-    } else if (FORMAT == COLI_FMT_Q8 || (w->rows < 8192 && w->cols >= 8192)) {
-        launch_gemv<FORMAT, 4, 2, 1>(w, dx, s, dy, stream);
+    } else if (FORMAT == COLI_FMT_Q8) {
+        if (w->rows >= 8192) launch_gemv_planes<FORMAT, 4, 1>(w, dx, planes, dy, stream);
+        else launch_gemv_planes<FORMAT, 2, 4>(w, dx, planes, dy, stream);
     } else {
-        launch_gemv<FORMAT, 2, 1, 1>(w, dx, s, dy, stream);
+        if (w->rows >= 8192) launch_gemv_planes<FORMAT, 2, 1>(w, dx, planes, dy, stream);
+        else launch_gemv_planes<FORMAT, 2, 2>(w, dx, planes, dy, stream);
     }
 }
 
-static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+/* One matmul on device pointers; `planes` (device, cols floats, or NULL) lets
+ * int8 and int4 decode go through the planes of x. */
+static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
+                                 float *planes) {
     const bool simple = simple_only();
     switch (w->format) {
-    case COLI_FMT_F32: launch_format<COLI_FMT_F32>(w, dx, s, dy, stream, simple); break;
-    case COLI_FMT_Q8: launch_format<COLI_FMT_Q8>(w, dx, s, dy, stream, simple); break;
-    default: launch_format<COLI_FMT_Q4>(w, dx, s, dy, stream, simple);
+    case COLI_FMT_F32: launch_format<COLI_FMT_F32>(w, dx, s, dy, stream, simple, planes); break;
+    case COLI_FMT_Q8: launch_format<COLI_FMT_Q8>(w, dx, s, dy, stream, simple, planes); break;
+    default: launch_format<COLI_FMT_Q4>(w, dx, s, dy, stream, simple, planes);
     }
     return cudaGetLastError();
 }
