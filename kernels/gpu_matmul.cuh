@@ -44,10 +44,12 @@ __device__ inline void dequant_q4(uint32_t word, float (&v)[8]) {
     }
 }
 
-/* Values in one 32-bit word and in one 16-byte piece, per format. */
+/* Values in one 32-bit word and in one 16-byte piece, per format; and the 16-byte
+ * units of x (float32, or the planes) that an int8 or int4 word meets. */
 template <int FORMAT> struct fmt {
     static constexpr int per_word = FORMAT == COLI_FMT_F32 ? 1 : FORMAT == COLI_FMT_Q8 ? 4 : 8;
     static constexpr int per_piece = 4 * per_word;
+    static constexpr int x_units = per_word < 4 ? 1 : per_word / 4;
 };
 
 template <int FORMAT> __device__ inline void dequant(uint32_t word, float (&v)[fmt<FORMAT>::per_word]) {
@@ -221,7 +223,7 @@ template <int FORMAT, int R, bool XPRE>
 __device__ inline void gemv_load(const int4 *const (&w)[R], const float *const (&sr)[R], int32_t group, int gshift,
                                  const float4 *x, int pieces, int start, int lane, int4 (&wv)[R], float (&sc)[R][4],
                                  float4 (&xr)[run_x<FORMAT>::loads]) {
-    constexpr int XW = fmt<FORMAT>::per_word / 4 > 0 ? fmt<FORMAT>::per_word / 4 : 1; /* float4 of x per word */
+    constexpr int XU = fmt<FORMAT>::x_units;
     const int i = start + lane, nb = pieces - start < WARP ? pieces - start : WARP;
 #pragma unroll
     for (int k = 0; k < R; k++) {
@@ -236,7 +238,7 @@ __device__ inline void gemv_load(const int4 *const (&w)[R], const float *const (
     if constexpr (XPRE)
 #pragma unroll
         for (int j = 0; j < run_x<FORMAT>::loads; j++) {
-            const int at = FORMAT == COLI_FMT_F32 ? i : (start * 4 + j / XW * nb + lane) * XW + j % XW;
+            const int at = FORMAT == COLI_FMT_F32 ? i : (start * 4 + j / XU * nb + lane) * XU + j % XU;
             xr[j] = i < pieces ? __ldg(x + at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 }
@@ -275,10 +277,10 @@ __device__ inline void gemv_run(const int4 (&wv)[R], const float (&sc)[R][4], co
         for (int t = 0; t < T; t++) {
             if (t >= nt) break;
             if (FORMAT == COLI_FMT_F32 ? m == 0 : true) {
-                const float4 *xp = FORMAT == COLI_FMT_F32 ? xt[t] + i : xt[t] + (start * 4 + m * nb + lane) * (PW / 4);
+                const float4 *xp = FORMAT == COLI_FMT_F32 ? xt[t] + i : xt[t] + (start * 4 + m * nb + lane) * fmt<FORMAT>::x_units;
 #pragma unroll
                 for (int j = 0; j < XW / 4; j++) {
-                    const float4 v = XM == X_RING ? xr[FORMAT == COLI_FMT_F32 ? 0 : m * (PW / 4) + j] : __ldg(xp + j);
+                    const float4 v = XM == X_RING ? xr[FORMAT == COLI_FMT_F32 ? 0 : m * fmt<FORMAT>::x_units + j] : __ldg(xp + j);
                     xv[t][4 * j] = v.x, xv[t][4 * j + 1] = v.y, xv[t][4 * j + 2] = v.z, xv[t][4 * j + 3] = v.w;
                 }
             }
@@ -312,7 +314,7 @@ template <int FORMAT, int R, int XM>
 __device__ inline void gemv_run_planes(const int4 (&wv)[R], const float (&sc)[R][4],
                                        const float4 (&xr)[run_x<FORMAT>::loads], const float4 *xq, int pieces,
                                        int start, int lane, float (&acc)[R][1]) {
-    constexpr int UW = FORMAT == COLI_FMT_Q8 ? 1 : 2; /* 16-byte units of planes per word */
+    constexpr int UW = fmt<FORMAT>::x_units; /* 16-byte units of planes per word */
     const int i = start + lane;
     if (i >= pieces) return; /* only in a row's last run */
     const int nb = pieces - start < WARP ? pieces - start : WARP;
@@ -557,19 +559,24 @@ __global__ void simple_kernel(const void *__restrict__ q, const float *__restric
  * the fastest of those timed on the H200 (bench/gpu_matmul_bench.cu sweeps them). */
 #define LAUNCH_ARGS w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy
 
+/* A warp per R rows, a grid row per T tokens. */
+static dim3 gemv_grid(const coli_weight *w, int R, int64_t s, int T) {
+    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    return dim3((unsigned)((w->rows + per_block - 1) / per_block), (unsigned)((s + T - 1) / T));
+}
+
 template <int FORMAT, int R, int D, int T, int XM = T == 1 ? X_RING : X_AT_USE>
 static void launch_gemv(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
-    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
-    dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), (unsigned)((s + T - 1) / T));
+    const dim3 grid = gemv_grid(w, R, s, T);
     gemv_kernel<FORMAT, R, D, T, XM, false><<<grid, GEMV_THREADS, 0, stream>>>(LAUNCH_ARGS);
 }
 
 /* S = 1 through the planes of x: `planes` is device scratch of cols floats. */
 template <int FORMAT, int R, int D, int XM = X_RING>
 static void launch_gemv_planes(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
-    const int64_t groups = w->cols / 8, per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    const int64_t groups = w->cols / 8;
     prep_x_kernel<FORMAT><<<(unsigned)((groups + 255) / 256), 256, 0, stream>>>(dx, w->cols, (float4 *)planes);
-    dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), 1);
+    const dim3 grid = gemv_grid(w, R, 1, 1);
     gemv_kernel<FORMAT, R, D, 1, XM, true><<<grid, GEMV_THREADS, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group,
                                                                              planes, 1, dy);
 }
@@ -645,10 +652,10 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
         launch_gemv_tokens<FORMAT, 2, 2>(w, dx, s, dy, stream);
     } else if (FORMAT == COLI_FMT_F32 || !planes || (FORMAT == COLI_FMT_Q8 && w->rows < 8192 && w->cols < 8192)) {
         launch_gemv<FORMAT, 2, 4, 1>(w, dx, s, dy, stream);
-    } else if (FORMAT == COLI_FMT_Q8) {
+    } else if constexpr (FORMAT == COLI_FMT_Q8) {
         if (w->rows >= 8192) launch_gemv_planes<FORMAT, 4, 1>(w, dx, planes, dy, stream);
         else launch_gemv_planes<FORMAT, 2, 4>(w, dx, planes, dy, stream);
-    } else {
+    } else if constexpr (FORMAT == COLI_FMT_Q4) {
         if (w->rows >= 8192) launch_gemv_planes<FORMAT, 2, 1>(w, dx, planes, dy, stream);
         else launch_gemv_planes<FORMAT, 2, 2>(w, dx, planes, dy, stream);
     }
