@@ -16,7 +16,8 @@ python3 bench/gpu_summary.py "$out" || rc=1
 # where the S = 1 kernels spend their time (hardware counters; the clocks left alone)
 if [[ ${COLI_BENCH_NCU:-0} == 1 ]] && command -v ncu >/dev/null; then
   ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
-    --section MemoryWorkloadAnalysis -k regex:gemv /tmp/gpu_matmul_bench profile > "$out/ncu.txt" 2>&1
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats --section LaunchStats \
+    -k regex:'gemv|decode' /tmp/gpu_matmul_bench profile > "$out/ncu.txt" 2>&1
   echo "ncu exit $?"
 fi
 exit "$rc"

@@ -1,6 +1,10 @@
 /* The backend's matmul kernels timed on device pointers, against the device's
  * copy bandwidth. Built and run by bench/gpu_bench.sh on a CUDA machine.
  *
+ * COLI_BENCH_S1=1 times S = 1 only; COLI_BENCH_ONLY=name,... only the variants
+ * whose names contain one of these; `gpu_matmul_bench profile` runs each S = 1
+ * matmul once, untimed, for a profiler.
+ *
  * Method (METHOD.md of the device tool): weights rotate over copies larger than
  * L2, so every launch reads HBM; 100 launches are captured in a CUDA graph and
  * the graph replayed 7 times, so launch gaps stay out; the median replay counts.
@@ -14,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #define CHECK(call)                                                                   \
@@ -138,24 +143,50 @@ struct variant {
     launcher_fn f32, q8, q4;
 };
 
-static float *g_bench_planes; /* the planes variants' scratch, cols floats */
+static float *g_bench_planes; /* x's digits for the mma variants: s * cols floats */
 
-template <int FORMAT, int R, int D>
-static void planes_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    launch_gemv_planes<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
+template <int FORMAT, int RB, int NS>
+static void mma_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    launch_mma<FORMAT, RB, NS>(w, dx, s, g_bench_planes, dy, stream);
 }
 
-#define GEMV(R, D, T) {"gemv R" #R " D" #D " T" #T, T, launch_gemv<COLI_FMT_F32, R, D, T>, \
-                        launch_gemv<COLI_FMT_Q8, R, D, T>, launch_gemv<COLI_FMT_Q4, R, D, T>}
-#define PLANES(R, D) {"planes R" #R " D" #D, 1, nullptr, planes_variant<COLI_FMT_Q8, R, D>, \
-                      planes_variant<COLI_FMT_Q4, R, D>}
+template <int FORMAT, int R, int D>
+static void decode_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
+    launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
+}
+
+template <int R, int D, int T>
+static void gemv_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    launch_gemv<R, D, T>(w, dx, s, dy, stream);
+}
+
+#define GEMV(R, D, T) {"gemv R" #R " D" #D " T" #T, T, gemv_variant<R, D, T>, nullptr, nullptr}
+#define MMA(RB, NS, S) {"mma RB" #RB " NS" #NS, S, nullptr, mma_variant<COLI_FMT_Q8, RB, NS>, \
+                        mma_variant<COLI_FMT_Q4, RB, NS>}
+#define DECODE(R, D) {"decode R" #R " D" #D, 1, nullptr, decode_variant<COLI_FMT_Q8, R, D>, \
+                      decode_variant<COLI_FMT_Q4, R, D>}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
-    GEMV(1, 2, 1), GEMV(2, 1, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 1, 1), GEMV(4, 2, 1),
-    PLANES(1, 2), PLANES(1, 4), PLANES(2, 1), PLANES(2, 2), PLANES(2, 4), PLANES(4, 1), PLANES(4, 2),
-    GEMV(2, 2, 8), TILE(32, 64), TILE(64, 64),
+    GEMV(1, 2, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 2, 1),
+    DECODE(1, 4), DECODE(1, 8), DECODE(2, 2), DECODE(2, 4), DECODE(2, 6), DECODE(4, 1), DECODE(4, 2), MMA(1, 4, 1),
+    GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
+    MMA(1, 4, 256), MMA(2, 4, 256),
+    TILE(32, 64), TILE(64, 64),
 };
+
+/* COLI_BENCH_ONLY=a,b: only the variants whose names contain one of these */
+static bool chosen(const char *name) {
+    const char *only = getenv("COLI_BENCH_ONLY");
+    if (!only || !*only) return true;
+    std::string list(only);
+    for (size_t at = 0, end; at <= list.size(); at = end + 1) {
+        end = list.find(',', at);
+        if (end == std::string::npos) end = list.size();
+        if (end > at && strstr(name, list.substr(at, end - at).c_str())) return true;
+    }
+    return false;
+}
 
 static launcher_fn pick(const variant &v, int format) {
     return format == COLI_FMT_F32 ? v.f32 : format == COLI_FMT_Q8 ? v.q8 : v.q4;
@@ -184,7 +215,7 @@ static double rel_err(const float *da, const float *db, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    /* `profile`: each S = 1 matmul once, untimed, for a profiler (ncu -k regex:gemv) */
+    /* `profile`: each S = 1 matmul once, untimed, for a profiler (ncu -k regex:decode) */
     const bool profile = argc > 1 && strcmp(argv[1], "profile") == 0;
     CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     const double copy = profile ? 1.0 : memcpy_gbps();
@@ -193,7 +224,9 @@ int main(int argc, char **argv) {
     const int64_t shapes[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
     const int formats[] = {COLI_FMT_F32, COLI_FMT_Q8, COLI_FMT_Q4};
     const char *names[] = {"f32", "int8", "int4"};
-    const int64_t sizes[] = {1, 2, 4, 8, 16, 64, 256};
+    /* COLI_BENCH_S1=1: decode (S = 1) only, for a quick sweep of its variants */
+    const bool s1_only = getenv("COLI_BENCH_S1") && strcmp(getenv("COLI_BENCH_S1"), "1") == 0;
+    const std::vector<int64_t> sizes = s1_only ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8, 16, 64, 256};
     int failures = 0;
     for (const auto &sh : shapes)
         for (int fi = 0; fi < 3; fi++) {
@@ -203,7 +236,7 @@ int main(int argc, char **argv) {
             w.rows = sh[0];
             w.cols = sh[1];
             w.group = w.format == COLI_FMT_Q4 ? 32 : 0;
-            w.layout = interleaves(w.format, w.cols, w.group); /* the data are random: any order is valid */
+            w.layout = mma_layout(w.format, w.cols, w.group) ? MMA_LAYOUT : 0; /* random data: any order is valid */
             size_t qb, sb;
             coli_weight_sizes(&w, &qb, &sb);
             const double same_copy = profile ? 1.0 : copy_kernel_gbps(qb + sb);
@@ -220,7 +253,7 @@ int main(int argc, char **argv) {
             }
             const int64_t smax = 256;
             float *x, *y, *ref, *planes;
-            CHECK(cudaMalloc((void **)&planes, (size_t)w.cols * 4));
+            CHECK(cudaMalloc((void **)&planes, (size_t)smax * w.cols * 4));
             g_bench_planes = planes;
             CHECK(cudaMalloc((void **)&x, (size_t)smax * w.cols * 4));
             CHECK(cudaMalloc((void **)&y, (size_t)smax * w.rows * 4));
@@ -253,9 +286,9 @@ int main(int argc, char **argv) {
             };
             for (int64_t s : sizes)
                 if (!profile || s == 1) report("auto", s, nullptr);
-            if (!profile)
-                for (const variant &v : VARIANTS)
-                    if (pick(v, w.format)) report(v.name, v.s, pick(v, w.format));
+            for (const variant &v : VARIANTS)
+                if (pick(v, w.format) && (!s1_only || v.s == 1) && (!profile || v.s == 1) && chosen(v.name))
+                    report(v.name, v.s, pick(v, w.format));
             for (auto &c : ws) {
                 cudaFree(c.q);
                 if (c.scale) cudaFree(c.scale);

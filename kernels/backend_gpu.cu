@@ -108,14 +108,14 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
         return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: cannot allocate %zu device bytes: %s", qb + sb,
                          cudaGetErrorString(e));
     }
-    if (!simple_only() && interleaves(format, cols, group)) { /* the kernels' order (gpu_matmul.cuh) */
+    if (!simple_only() && mma_layout(format, cols, group)) { /* the mma kernel's order (gpu_matmul.cuh) */
         void *order = malloc(qb);
         if (!order) {
             release(w);
             return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: out of host memory (%zu bytes to reorder)", qb);
         }
-        interleave_rows(q, order, rows, (int64_t)(qb / 4 / (size_t)rows));
-        w->layout = 1;
+        mma_reorder(q, order, (int64_t)(qb / 4));
+        w->layout = MMA_LAYOUT;
         e = cudaMemcpy(w->q, order, qb, cudaMemcpyHostToDevice);
         free(order);
     } else {
@@ -192,9 +192,10 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
     if (s > 65535) return coli_fail(COLI_E_SHAPE, "matmul: s = %lld exceeds 65535", (long long)s);
     size_t xb = (size_t)s * (size_t)w->cols * sizeof(float), yb = (size_t)s * (size_t)w->rows * sizeof(float);
     if ((st = grow(&g_x, &g_x_cap, xb)) || (st = grow(&g_y, &g_y_cap, yb))) return st;
-    if (s == 1 && (st = grow(&g_planes, &g_planes_cap, xb))) return st;
+    const bool digits = w->format != COLI_FMT_F32; /* x's digits for the int8/int4 kernels */
+    if (digits && (st = grow(&g_planes, &g_planes_cap, xb))) return st;
     GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
-    GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0, s == 1 ? g_planes : NULL));
+    GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0, digits ? g_planes : NULL));
     GPU_CHECK(cudaMemcpy(y, g_y, yb, cudaMemcpyDeviceToHost));
     return COLI_OK;
 }

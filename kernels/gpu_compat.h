@@ -3,6 +3,8 @@
 #ifndef COLI_GPU_COMPAT_H
 #define COLI_GPU_COMPAT_H
 
+#include <stdint.h>
+
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
 #include <hip/hip_runtime.h>
 #define COLI_GPU_API "hip"
@@ -25,21 +27,66 @@
 #define cudaGetDevice hipGetDevice
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDeviceAttr hipDeviceAttribute_t
+#define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define cudaGetLastError hipGetLastError
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "%.31s", (prop).gcnArchName)
 #define cudaStream_t hipStream_t
 /* lanes exchange within 32-lane teams: a 64-wide wavefront holds two teams */
 #define COLI_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
+#define COLI_SHFL(v, src) __shfl((v), (src), 32)
 #define COLI_LOAD_STREAM(p) (*(p))
+#define COLI_HAS_PDL 0 /* no programmatic dependent launch: kernels run one after another */
 #else
 #include <cuda_runtime.h>
 #define COLI_GPU_API "cuda"
 #define COLI_GPU_TAG 0x4355 /* "CU" */
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "sm_%d%d", (prop).major, (prop).minor)
 #define COLI_SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#define COLI_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
 /* weights are read once: stream them past the caches that x lives in */
 #define COLI_LOAD_STREAM(p) __ldcs(p)
+#define COLI_HAS_PDL 1
 #endif
+
+/* 16-byte copies from global to shared memory that run in the background
+ * (cp.async, sm_80 and later: no registers held while they are in flight),
+ * committed in groups and waited for until at most N groups are pending;
+ * elsewhere plain copies, done at once. */
+__device__ inline void coli_copy_async16(void *shared, const void *global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(shared)),
+                 "l"(global)
+                 : "memory");
+#else
+    *(int4 *)shared = *(const int4 *)global;
+#endif
+}
+__device__ inline void coli_copy_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N> __device__ inline void coli_copy_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+/* Programmatic dependent launch (sm_90): a kernel may start while the one before
+ * it on the stream runs, once that one allows it; before it reads what that one
+ * writes it waits for it. Elsewhere both are nothing (kernels run one after another). */
+__device__ inline void coli_allow_next_grid(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ inline void coli_wait_prior_grid(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /* Four int8 products summed into c: the dp4a instruction on NVIDIA GPUs, written
  * out elsewhere (the host, where the layout check runs it, and HIP for now). */
@@ -52,5 +99,33 @@ __host__ __device__ inline int coli_dp4a(int a, int b, int c) {
 #endif
 }
 #define COLI_DP4A(a, b, c) coli_dp4a((a), (b), (c))
+
+/* d += A B for one 16 x 8 x 32 tile of int8, int32 sums, in the tensor cores'
+ * fragment layout (g = lane / 4, t = lane % 4; PTX ISA, mma.m16n8k32):
+ *   a[0] = A[g][4t..4t+3]  a[1] = A[g+8][4t..]  a[2] = A[g][16+4t..]  a[3] = A[g+8][16+4t..]
+ *   b[0] = B[4t..4t+3][g]  b[1] = B[16+4t..][g]
+ *   d[0], d[1] = D[g][2t], D[g][2t+1]           d[2], d[3] = D[g+8][2t], D[g+8][2t+1]
+ * mma.sync on sm_80 and later; elsewhere (HIP for now) written out with lane
+ * exchanges and dot products: the same sums, slowly. */
+__device__ inline void coli_mma_s8(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+    for (int u = 0; u < 4; u++) { /* lane slot u of the row group and of each column's group */
+        const int ra = g * 4 + u;
+        const int a0 = (int)COLI_SHFL(a[0], ra), a1 = (int)COLI_SHFL(a[1], ra);
+        const int a2 = (int)COLI_SHFL(a[2], ra), a3 = (int)COLI_SHFL(a[3], ra);
+        for (int j = 0; j < 2; j++) {
+            const int rb = (2 * t + j) * 4 + u;
+            const int b0 = (int)COLI_SHFL(b[0], rb), b1 = (int)COLI_SHFL(b[1], rb);
+            d[j] = COLI_DP4A(a0, b0, COLI_DP4A(a2, b1, d[j]));
+            d[2 + j] = COLI_DP4A(a1, b0, COLI_DP4A(a3, b1, d[2 + j]));
+        }
+    }
+#endif
+}
 
 #endif

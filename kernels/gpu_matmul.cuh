@@ -2,12 +2,15 @@
  * and int4 (grouped scale) weights; one source for CUDA and HIP. Included by
  * backend_gpu.cu (and by bench/gpu_matmul_bench.cu, which times the variants).
  *
- *   gemv_kernel   S <= 16 (decode): bound by reading W from memory, once per
- *                 8 tokens. At S = 1 int8 and int4 weights meet x as int8
- *                 planes (prep_x_kernel) in integer dot products.
- *   tile_kernel   S > 16 (prefill, teacher forcing): bound by f32 arithmetic.
- *   simple_kernel any shape; rows that are not whole 16-byte pieces, and the
- *                 reference path (COLI_GPU_SIMPLE=1) for comparisons.
+ *   decode_kernel int8 and int4, S = 1: bound by reading W from memory. x is cut
+ *                 into int8 digits that W meets in exact integer dot products.
+ *   mma_kernel    int8 and int4, S > 1: the same digits on the tensor cores,
+ *                 W read once per 16 tokens.
+ *   gemv_kernel   f32, S <= 16: bound by reading W, once per 8 tokens.
+ *   tile_kernel   f32 (and int8/int4 the above do not take), S > 16: bound by
+ *                 f32 arithmetic.
+ *   simple_kernel any shape, and the reference path (COLI_GPU_SIMPLE=1) for
+ *                 comparisons.
  *
  * Measurements behind the choices here: bench/RESULTS.md (H200). */
 #ifndef COLI_GPU_MATMUL_CUH
@@ -44,12 +47,9 @@ __device__ inline void dequant_q4(uint32_t word, float (&v)[8]) {
     }
 }
 
-/* Values in one 32-bit word and in one 16-byte piece, per format; and the 16-byte
- * units of x (float32, or the planes) that an int8 or int4 word meets. */
+/* Values in one 32-bit word, per format. */
 template <int FORMAT> struct fmt {
     static constexpr int per_word = FORMAT == COLI_FMT_F32 ? 1 : FORMAT == COLI_FMT_Q8 ? 4 : 8;
-    static constexpr int per_piece = 4 * per_word;
-    static constexpr int x_units = per_word < 4 ? 1 : per_word / 4;
 };
 
 template <int FORMAT> __device__ inline void dequant(uint32_t word, float (&v)[fmt<FORMAT>::per_word]) {
@@ -58,59 +58,10 @@ template <int FORMAT> __device__ inline void dequant(uint32_t word, float (&v)[f
     else dequant_q4(word, v);
 }
 
-__device__ inline uint32_t word_of(const int4 &p, int m) {
+__host__ __device__ inline uint32_t word_of(const int4 &p, int m) {
     return (uint32_t)(m == 0 ? p.x : m == 1 ? p.y : m == 2 ? p.z : p.w);
 }
 
-/* ---- The interleaved layout of int8 and int4 rows --------------------------------
- * A warp reads a row as 16-byte pieces, lane i taking piece i of each run of 32.
- * In the ABI's order piece i holds columns [i * per_piece, ...), so the lanes'
- * x values lie per_piece floats apart and every x load touched 32 cache lines:
- * L1, not HBM, was the limit (ncu on the H200: L1 79% busy, DRAM 32%). On upload
- * the backend reorders each run of 32 pieces (nb < 32 in a row's last run) so
- * that word m of lane i holds the per_word columns starting at
- *     run start + (m * nb + i) * per_word,
- * i.e. a run's words, read in ABI order, are a [4][nb] array stored as [nb][4].
- * Then lane i's x values for word m sit next to lane i+1's: loads coalesce.
- * Words keep their bytes (and nibble order), so this is a permutation of 32-bit
- * words. f32 rows keep the ABI order: a piece's x is one float4 already. */
-#define RUN_WORDS 128 /* 32 pieces of 4 words */
-
-/* The stored word index of the ABI's word `wn` in a row of `words` words. */
-__host__ __device__ inline int64_t interleaved_word(int64_t wn, int64_t words) {
-    const int64_t run = wn / RUN_WORDS * RUN_WORDS, p = wn - run;
-    const int64_t nb = words - run < RUN_WORDS ? (words - run) / 4 : 32;
-    return run + p % nb * 4 + p / nb;
-}
-
-/* Whether a weight is stored interleaved: int8 and int4 rows of whole pieces
- * whose int4 groups hold whole words (one scale per word). */
-static inline bool interleaves(int32_t format, int64_t cols, int32_t group) {
-    if (format == COLI_FMT_Q8) return cols % 16 == 0;
-    return format == COLI_FMT_Q4 && cols % 32 == 0 && group % 8 == 0;
-}
-
-/* Host side: the ABI's rows -> interleaved rows of `words` 32-bit words each
- * (`dst` as large as `src`; `src` may be unaligned, as in a mapped file). */
-static void interleave_rows(const void *src, void *dst, int64_t rows, int64_t words) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t wn = 0; wn < words; wn++)
-            memcpy((char *)dst + 4 * (r * words + interleaved_word(wn, words)), (const char *)src + 4 * (r * words + wn), 4);
-}
-
-/* ---- One token's x as three int8 planes (int8 and int4 weights at S = 1) -------------
- * Turning weights into floats costs more instructions per value than the memory
- * system leaves time for (int4 above all). Instead x, shared by every row, is cut
- * once per call into integers: each run of 8 columns gets a power of two E above
- * its largest |x|, and v = round(x / E * 2^22), |v| <= 2^22, is split into int8
- * digits a * 2^16 + b * 2^8 + c. A weight word then takes three (int8) or six
- * (int4) dp4a and one conversion, and the sums stay exact in int32: for int8 a word
- * sums at most 4 * 127 * 65 * 2^16 + 4 * 127 * 128 * 2^8 + 4 * 127 * 128 < 2^31,
- * for int4 8 * 15 * 65 * 2^16 + ... < 2^30. x's rounding is 2^-23 of its run's
- * largest value, about what float32 sums add anyway.
- * Per word the kernels read 16 bytes (int8: a, b, c, E * 2^-22 for its 4 columns)
- * or 32 (int4: a, b, c for the even and the odd columns, E * 2^-22, and the sum of
- * the 8 v, for the -8 bias), the bytes of the float32 x they replace. */
 /* Bit casts that the host can run too (the layout check runs these functions there). */
 __host__ __device__ inline float as_float(uint32_t u) {
     float f;
@@ -123,237 +74,611 @@ __host__ __device__ inline uint32_t as_bits(float f) {
     return u;
 }
 
+/* ---- int8 and int4 on the tensor cores: mma_kernel ---------------------------------
+ * With more than one token, W meets x on the tensor cores, in int8 mma tiles
+ * (m16n8k32, int32 sums): a few instructions per 16 bytes of W, and W read once
+ * per 16 tokens (the dp4a kernels took about 21 instructions per int4 word per
+ * token; bench/RESULTS.md).
+ *   - x is cut once per call into integers: per chunk of columns (64 for int8,
+ *     128 for int4) a power of two E above the chunk's largest |x|, and
+ *     v = round(x / E * 2^22), |v| < 2^22, split into int8 digits a 2^16 + b 2^8 + c.
+ *     The digits are the mma's columns (a, b, c of a token in columns 0-2, of a
+ *     second token in 4-6), so each sum is W times one digit, exact in int32:
+ *     |sum| <= 64 * 128 * 128 = 2^20.
+ *   - W: a tile is 16 rows; a lane holds 16 bytes of row g and of row g + 8 per
+ *     chunk (g = lane / 4): its part of the A operand, for a k order that the
+ *     digits are stored in (mma_prep_kernel). int8 rows keep the ABI's order;
+ *     int4 rows are stored with each chunk's 4x4 words transposed (mma_word), so
+ *     that one mma's 32 columns are one group of 32 and share a scale. An int4
+ *     value n + 8 becomes 16 n, an exact signed int8, by an xor and a mask.
+ *   - Per chunk (int8) or group (int4) the sums become floats, times E (and the
+ *     group's scale), into a float per row and digit; the digits are put together,
+ *     a 2^16 + b 2^8 + c, at the end.
+ * x's rounding is 2^-23 of its chunk's largest value, below what float32 sums add
+ * anyway. A block's 8 warps take a chunk each of every stage of its 16 (RB = 1)
+ * or 32 (RB = 2) rows (below) and add their sums in shared memory, in a fixed
+ * order. */
+#define MMA_WARPS 8
+#define DIGITS 3
+#define V_MAX ((1 << 22) - 1) /* |v| <= V_MAX */
+
+template <int FORMAT> struct mma_fmt {
+    static constexpr int cols = FORMAT == COLI_FMT_Q8 ? 64 : 128; /* a chunk: 64 bytes of a row */
+    static constexpr int steps = cols / 32;                        /* mma tiles per chunk */
+};
+
+/* int4 rows for mma_kernel: in each 64-byte chunk (16 words), stored word 4t + j
+ * holds the ABI's word 4j + t, so that lane slot t's 16 bytes hold its word of
+ * each of the chunk's 4 groups. The map is its own inverse. */
+#define MMA_LAYOUT 1
+__host__ __device__ inline int64_t mma_word(int64_t wn) {
+    return (wn & ~(int64_t)15) | (wn & 3) << 2 | (wn & 15) >> 2;
+}
+
+/* Whether a weight is stored in the mma layout: int4 rows of whole chunks in groups of 32. */
+static inline bool mma_layout(int32_t format, int64_t cols, int32_t group) {
+    return format == COLI_FMT_Q4 && cols % 128 == 0 && group == 32;
+}
+
+/* Host side: `words` 32-bit words in the ABI's order -> the mma layout (`src` may
+ * be unaligned, as in a mapped file). */
+static void mma_reorder(const void *src, void *dst, int64_t words) {
+    for (int64_t wn = 0; wn < words; wn++) memcpy((char *)dst + 4 * mma_word(wn), (const char *)src + 4 * wn, 4);
+}
+
+/* int4 word (nibbles n + 8) -> 4 signed int8 16 n of its even columns (the low
+ * nibbles) and of its odd ones: xor 8 makes each nibble n in two's complement. */
+__host__ __device__ inline void q4_to_s8(uint32_t w, uint32_t &even, uint32_t &odd) {
+    const uint32_t n = w ^ 0x88888888u;
+    even = (n << 4) & 0xF0F0F0F0u, odd = n & 0xF0F0F0F0u;
+}
+
 __host__ __device__ inline uint32_t pack4(int v0, int v1, int v2, int v3) {
     return (uint32_t)(v0 & 0xFF) | (uint32_t)(v1 & 0xFF) << 8 | (uint32_t)(v2 & 0xFF) << 16 | (uint32_t)(v3 & 0xFF) << 24;
 }
 
-/* Eight values -> their digits (d[0] a, d[1] b, d[2] c), E * 2^-22 and the sum of v. */
-__host__ __device__ inline void quantize_x8(const float (&x)[8], int (&d)[3][8], float &e, int &sum) {
-    float m = 0.0f;
-    bool finite = true;
-    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(x[j])), finite = finite && fabsf(x[j]) <= 3.4e38f;
-    int ex = 0;
-    if (!finite) { /* inf or NaN: the sums must come out NaN, not finite */
-        for (int j = 0; j < 8; j++) d[0][j] = d[1][j] = d[2][j] = 0;
-        e = NAN, sum = 0;
-        return;
-    }
-    (void)frexpf(m, &ex); /* m < 2^ex */
-    sum = 0;
+/* 2^e as a float, for e in [-126, 127]: built from its bits (no ldexpf). */
+__host__ __device__ inline float pow2(int e) { return as_float((uint32_t)(e + 127) << 23); }
+
+/* The digits of 8 values of a chunk whose largest |x| is below 2^ex. */
+__host__ __device__ inline void digits_of8(const float (&x)[8], int ex, int (&d)[DIGITS][8]) {
+    const bool near = ex >= -104; /* 2^(22 - ex) is a normal float: one exact multiply */
     for (int j = 0; j < 8; j++) {
-        const int v = (int)rintf(ldexpf(x[j], 22 - ex)); /* x * 2^(22 - ex), exact before the rounding */
+        int v = (int)rintf(near ? x[j] * pow2(22 - ex) : ldexpf(x[j], 22 - ex)); /* exact before the rounding */
+        v = v > V_MAX ? V_MAX : v < -V_MAX ? -V_MAX : v; /* 2^22 itself: a step of 2^-22 of E */
         const int c = ((v + 128) & 255) - 128, v1 = (v - c) >> 8; /* v - c is a multiple of 256 */
         const int b = ((v1 + 128) & 255) - 128;
         d[0][j] = (v1 - b) >> 8, d[1][j] = b, d[2][j] = c;
-        sum += v;
     }
-    e = ldexpf(1.0f, ex - 22); /* 0 when the run's largest |x| is below 2^-127: such runs count as 0 */
 }
 
-/* Eight columns of x -> their planes, as the weight words read them: int8, two
- * 16-byte units (a, b, c, e) for columns 0-3 and 4-7; int4, one 32-byte word
- * (a, b, c for the even columns, which sit in the low nibbles, and the odd; e; sum). */
-template <int FORMAT> __host__ __device__ inline void planes_of8(const float (&x)[8], float4 (&out)[2]) {
-    int d[3][8], sum;
-    float e;
-    quantize_x8(x, d, e, sum);
+/* Where 8 columns' digits go: the chunk's run q of 8 columns is lane slot t's
+ * mma tile m. Its two words are b0, b1 of that tile: int8, the run's first and
+ * last 4 columns; int4, its even and its odd columns (as the nibbles lie). */
+template <int FORMAT> __host__ __device__ inline void mma_slot(int q, int &t, int &m) {
+    if (FORMAT == COLI_FMT_Q8) t = q / 2, m = q % 2; /* lane t loads columns 16t..16t+15 */
+    else t = q % 4, m = q / 4;                       /* tile m is group m; lane t has its word t */
+}
+template <int FORMAT> __host__ __device__ inline void mma_pack(const int (&d)[8], uint32_t &b0, uint32_t &b1) {
+    if (FORMAT == COLI_FMT_Q8) b0 = pack4(d[0], d[1], d[2], d[3]), b1 = pack4(d[4], d[5], d[6], d[7]);
+    else b0 = pack4(d[0], d[2], d[4], d[6]), b1 = pack4(d[1], d[3], d[5], d[7]);
+}
+
+/* Where token tok's E * 2^-22 for chunk c is: a token's are padded to whole
+ * stages of chunks, so that a stage's are 32 aligned bytes. */
+__host__ __device__ inline int64_t ex_at(int64_t tok, int64_t chunks, int64_t c) {
+    return tok * ((chunks + MMA_WARPS - 1) / MMA_WARPS * MMA_WARPS) + c;
+}
+
+/* Word index of token tok's digit k for chunk c, lane slot t (then 2 words per tile). */
+template <int FORMAT>
+__host__ __device__ inline int64_t plane_at(int64_t tok, int64_t chunks, int64_t c, int k, int t) {
+    return (((tok * chunks + c) * DIGITS + k) * 4 + t) * 2 * mma_fmt<FORMAT>::steps;
+}
+
+/* One run of 8 columns (run q of chunk c of token tok) -> its digits in `planes`
+ * and, for the chunk's first run, E * 2^-22 in `ex`: NaN when the chunk holds an
+ * inf or NaN (`bad`; the sums must come out NaN, not finite), 0 when its largest
+ * |x|, `m`, is below 2^-127 (such chunks count as 0). */
+template <int FORMAT>
+__host__ __device__ inline void mma_prep_run(const float (&v)[8], float m, bool bad, int64_t tok, int64_t chunks,
+                                             int64_t c, int q, uint32_t *planes, float *ex) {
+    int t, tile, ex_m = 0, d[DIGITS][8] = {};
+    mma_slot<FORMAT>(q, t, tile);
+    (void)frexpf(m, &ex_m); /* m < 2^ex_m */
+    if (!bad) digits_of8(v, ex_m, d);
+    for (int k = 0; k < DIGITS; k++) {
+        uint32_t *out = planes + plane_at<FORMAT>(tok, chunks, c, k, t) + 2 * tile;
+        mma_pack<FORMAT>(d[k], out[0], out[1]);
+    }
+    if (q == 0) ex[ex_at(tok, chunks, c)] = bad ? NAN : ex_m >= -104 ? pow2(ex_m - 22) : ldexpf(1.0f, ex_m - 22);
+}
+
+/* x (s tokens) -> digits and exponents, a thread per 8 columns; a chunk's threads
+ * share its largest value through lane exchanges. */
+template <int FORMAT>
+__global__ void __launch_bounds__(256) mma_prep_kernel(const float *__restrict__ x, int64_t cols, int64_t s,
+                                                       uint32_t *__restrict__ planes, float *__restrict__ ex) {
+    constexpr int RUNS = mma_fmt<FORMAT>::cols / 8; /* threads per chunk: 8 or 16, aligned in a warp */
+    coli_allow_next_grid(); /* mma_kernel may start loading W now; it waits for this grid before x */
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per_token = cols / 8;
+    const bool on = i < s * per_token;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (on) {
+        const float4 lo = __ldg((const float4 *)x + 2 * i), hi = __ldg((const float4 *)x + 2 * i + 1);
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    }
+    float m = 0.0f;
+    int bad = 0;
+    for (int j = 0; j < 8; j++) {
+        if (fabsf(v[j]) <= 3.4e38f) m = fmaxf(m, fabsf(v[j]));
+        else bad = 1;
+    }
+#pragma unroll
+    for (int o = 1; o < RUNS; o <<= 1) m = fmaxf(m, COLI_SHFL_XOR(m, o)), bad |= COLI_SHFL_XOR(bad, o);
+    if (!on) return; /* after the exchanges, which every lane joins */
+    const int64_t chunks = cols / mma_fmt<FORMAT>::cols;
+    mma_prep_run<FORMAT>(v, m, bad, i / per_token, chunks, i % per_token / RUNS, (int)(i % RUNS), planes, ex);
+}
+
+/* Tile m's operands: A from the lane's 16 bytes of rows g and g + 8 of a chunk,
+ * B from its digit words u of the chunk (2 per tile). */
+template <int FORMAT>
+__host__ __device__ inline void mma_operands(const int4 &wg, const int4 &wg8, const int4 *u, int m, uint32_t (&a)[4],
+                                             uint32_t (&b)[2]) {
+    if (FORMAT == COLI_FMT_Q8) {
+        a[0] = word_of(wg, 2 * m), a[1] = word_of(wg8, 2 * m), a[2] = word_of(wg, 2 * m + 1), a[3] = word_of(wg8, 2 * m + 1);
+    } else {
+        q4_to_s8(word_of(wg, m), a[0], a[2]);
+        q4_to_s8(word_of(wg8, m), a[1], a[3]);
+    }
+    b[0] = word_of(u[m / 2], 2 * (m % 2)), b[1] = word_of(u[m / 2], 2 * (m % 2) + 1);
+}
+
+/* One chunk of RB groups of 16 rows (this lane's two rows of each), with int4's scales. */
+template <int FORMAT, int RB> struct mma_slot_regs {
+    int4 w[RB][2];
+    float4 sc[RB][FORMAT == COLI_FMT_Q4 ? 2 : 1];
+};
+
+__device__ inline float elem(const float4 &v, int m) { return m == 0 ? v.x : m == 1 ? v.y : m == 2 ? v.z : v.w; }
+
+/* Bytes of one token's digits per chunk, and per stage in shared memory (64 more:
+ * the two tokens of a pair then fall in different bank halves). */
+template <int FORMAT> struct mma_planes {
+    static constexpr int chunk = DIGITS * 4 * 2 * mma_fmt<FORMAT>::steps * 4;
+    static constexpr int pitch = MMA_WARPS * chunk + 64;
+};
+
+/* Chunk j of a stage into the sums, for TP pairs of tokens (`valid` of them real):
+ * sp, se: the stage's digits and E in shared memory. */
+template <int FORMAT, int RB, int TP>
+__device__ inline void mma_chunk(const mma_slot_regs<FORMAT, RB> &sl, const uint8_t *sp, const float *se, int j,
+                                 int64_t valid, int g, int t, float (&acc)[RB][TP][4]) {
+    constexpr int STEPS = mma_fmt<FORMAT>::steps;
+#pragma unroll
+    for (int p = 0; p < TP; p++) {
+        /* B: this lane holds digit g % 4 of token 2p + g / 4 (digit 3: none) */
+        const int kb = 2 * p + g / 4;
+        int4 u[STEPS / 2];
+        const bool has = g % 4 < DIGITS && kb < valid;
+        const int4 *pu = (const int4 *)(sp + kb * mma_planes<FORMAT>::pitch + j * mma_planes<FORMAT>::chunk +
+                                        (g % 4 * 4 + t) * 2 * STEPS * 4);
+#pragma unroll
+        for (int k = 0; k < STEPS / 2; k++) u[k] = has ? pu[k] : make_int4(0, 0, 0, 0);
+        /* C: this lane's columns 2t, 2t + 1 belong to token 2p + t / 2 */
+        const float e = se[(2 * p + t / 2) * MMA_WARPS + j];
+#pragma unroll
+        for (int rb = 0; rb < RB; rb++) {
+            if constexpr (FORMAT == COLI_FMT_Q8) {
+                int sum[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int m = 0; m < STEPS; m++) {
+                    uint32_t a[4], b[2];
+                    mma_operands<FORMAT>(sl.w[rb][0], sl.w[rb][1], u, m, a, b);
+                    coli_mma_s8(sum, a, b);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[rb][p][i] = fmaf((float)sum[i], e, acc[rb][p][i]);
+            } else {
+#pragma unroll
+                for (int m = 0; m < STEPS; m++) { /* tile m: group m of the chunk */
+                    uint32_t a[4], b[2];
+                    mma_operands<FORMAT>(sl.w[rb][0], sl.w[rb][1], u, m, a, b);
+                    int sum[4] = {0, 0, 0, 0};
+                    coli_mma_s8(sum, a, b);
+                    const float fg = e * elem(sl.sc[rb][0], m), fg8 = e * elem(sl.sc[rb][1], m);
+                    acc[rb][p][0] = fmaf((float)sum[0], fg, acc[rb][p][0]);
+                    acc[rb][p][1] = fmaf((float)sum[1], fg, acc[rb][p][1]);
+                    acc[rb][p][2] = fmaf((float)sum[2], fg8, acc[rb][p][2]);
+                    acc[rb][p][3] = fmaf((float)sum[3], fg8, acc[rb][p][3]);
+                }
+            }
+        }
+    }
+}
+
+/* The block's weights pass through shared memory in stages of MMA_WARPS chunks
+ * (512 bytes of each of its 16 RB rows, int4's scales for them, and the chunks'
+ * digits and E for its tokens), NS stages in flight, copied in the background
+ * (cp.async: no registers held meanwhile). Each copy instruction moves 512 bytes
+ * of one row: read straight into the fragments, a warp's loads touched 8 rows for
+ * 64 bytes each, and HBM served them at half the rate of long runs. Rows in
+ * shared memory are 64 bytes longer than their data, so that the 8 rows a
+ * fragment load touches alternate between the two halves of the banks. */
+#define MMA_ROW_PITCH (MMA_WARPS * 64 + 64)
+#define MMA_SCALE_PITCH (MMA_WARPS * 16 + 16)
+/* Shared memory a block's stages may take: 72 KiB leaves room for 3 blocks on an
+ * sm_90 multiprocessor and fits sm_86/sm_89's 99 KiB; HIP's blocks get 64 KiB. */
+#define MMA_SHARED_BUDGET (COLI_HAS_PDL ? 72 * 1024 : 64 * 1024)
+/* Pairs of tokens a block takes at most: int4's digits take twice int8's room. */
+template <int FORMAT> struct mma_pairs {
+    static constexpr int max = !COLI_HAS_PDL ? 2 : FORMAT == COLI_FMT_Q4 ? 4 : 8;
+};
+
+template <int FORMAT, int RB, int NS, int TP> struct mma_shape {
+    static constexpr int rows = 16 * RB;
+    static constexpr int w_bytes = rows * MMA_ROW_PITCH;
+    static constexpr int s_bytes = FORMAT == COLI_FMT_Q4 ? rows * MMA_SCALE_PITCH : 0;
+    static constexpr int p_bytes = 2 * TP * mma_planes<FORMAT>::pitch;
+    static constexpr int e_bytes = 2 * TP * MMA_WARPS * 4;
+    static constexpr int stage = w_bytes + s_bytes + p_bytes + e_bytes;
+    /* stages in flight: NS, fewer when they would pass the budget, 2 at least */
+    static constexpr int ns = NS * stage <= MMA_SHARED_BUDGET ? NS : MMA_SHARED_BUDGET / stage > 2 ? MMA_SHARED_BUDGET / stage : 2;
+    static constexpr int reduce = MMA_WARPS * RB * 2 * TP * 16 * 4; /* the warps' sums, at the end */
+    static constexpr int shared = ns * stage > reduce ? ns * stage : reduce;
+};
+
+/* Stage st into its slot, without committing: W (warp w copies rows w, w + 8, ...,
+ * lane l the 16 bytes at 16 l) and int4's scales, or x's digits and E for the
+ * block's tokens (from 2 pair0 on; `valid` of them real). */
+template <int FORMAT, int RB, int NS, int TP, bool X>
+__device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict__ q, const float *__restrict__ scale,
+                                      const uint32_t *__restrict__ planes, const float *__restrict__ ex, int64_t rows,
+                                      int64_t row0, int64_t tok0, int64_t valid, int chunks, int st) {
+    using shape = mma_shape<FORMAT, RB, NS, TP>;
+    uint8_t *slot = shared + (st % shape::ns) * shape::stage;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int64_t row_bytes = (int64_t)chunks * 64;
+    if constexpr (!X) {
+        const int64_t at = (int64_t)st * MMA_WARPS * 64 + 16 * lane;
+#pragma unroll
+        for (int r = warp; r < shape::rows; r += MMA_WARPS) {
+            const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
+            if (at < row_bytes) coli_copy_async16(slot + r * MMA_ROW_PITCH + 16 * lane, q + row * row_bytes + at);
+        }
+        if constexpr (FORMAT == COLI_FMT_Q4) /* 4 scales per chunk: 128 bytes of each row per stage */
+            for (int i = threadIdx.x; i < shape::rows * 8; i += MMA_WARPS * WARP) {
+                const int r = i / 8, k = i % 8;
+                const int64_t row = row0 + r < rows ? row0 + r : rows - 1, sat = (int64_t)st * MMA_WARPS * 16 + 16 * k;
+                if (sat < row_bytes / 4)
+                    coli_copy_async16(slot + shape::w_bytes + r * MMA_SCALE_PITCH + 16 * k,
+                                      (const uint8_t *)(scale + row * chunks * 4) + sat);
+            }
+    } else {
+        constexpr int PIECES = mma_planes<FORMAT>::chunk / 16; /* per chunk and token */
+        uint8_t *sp = slot + shape::w_bytes + shape::s_bytes;
+        for (int i = threadIdx.x; i < 2 * TP * (MMA_WARPS * PIECES + 2); i += MMA_WARPS * WARP) {
+            const int k = i / (MMA_WARPS * PIECES + 2), piece = i % (MMA_WARPS * PIECES + 2);
+            if (k >= valid) continue;
+            if (piece < MMA_WARPS * PIECES) { /* digits of chunks st * 8 .. st * 8 + 7: side by side */
+                if (st * MMA_WARPS + piece / PIECES < chunks)
+                    coli_copy_async16(sp + k * mma_planes<FORMAT>::pitch + 16 * piece,
+                                      (const uint8_t *)(planes + plane_at<FORMAT>(tok0 + k, chunks, (int64_t)st * MMA_WARPS, 0, 0)) +
+                                          16 * piece);
+            } else { /* E of those chunks: 32 bytes (padded past the last chunk) */
+                const int h = piece - MMA_WARPS * PIECES;
+                coli_copy_async16(sp + shape::p_bytes + k * MMA_WARPS * 4 + 16 * h,
+                                  ex + ex_at(tok0 + k, chunks, (int64_t)st * MMA_WARPS) + 4 * h);
+            }
+        }
+    }
+}
+
+/* Weights: int8 in the ABI's order (cols % 64 == 0), int4 in the mma layout.
+ * Block (x, y): rows from 16 RB x, token pairs from TP y; warp w takes chunk w of
+ * every stage. */
+template <int FORMAT, int RB, int NS, int TP>
+__global__ void __launch_bounds__(MMA_WARPS * WARP)
+    mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, int chunks,
+               const uint32_t *__restrict__ planes, const float *__restrict__ ex, int64_t s, float *__restrict__ y) {
+    using shape = mma_shape<FORMAT, RB, NS, TP>;
+    extern __shared__ __align__(16) uint8_t shared[];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, t = lane % 4;
+    const int64_t row0 = (int64_t)blockIdx.x * shape::rows, pair0 = (int64_t)blockIdx.y * TP;
+    const int64_t tok0 = 2 * pair0, valid = s - tok0 < 2 * TP ? s - tok0 : 2 * TP;
+    const int stages = (chunks + MMA_WARPS - 1) / MMA_WARPS;
+#define MMA_COPY(X, st) \
+    mma_stage_copy<FORMAT, RB, NS, TP, X>(shared, q, scale, planes, ex, rows, row0, tok0, valid, chunks, st)
+    /* W's first stages while mma_prep_kernel may still run; x's once it is done.
+     * The first group then holds all of those W stages: waiting for it waits a
+     * little longer once, and every later count still lines up. */
+#pragma unroll
+    for (int st = 0; st < shape::ns - 1; st++)
+        if (st < stages) MMA_COPY(false, st);
+    coli_wait_prior_grid();
+#pragma unroll
+    for (int st = 0; st < shape::ns - 1; st++) {
+        if (st < stages) MMA_COPY(true, st);
+        coli_copy_commit(); /* every stage commits, empty or not, so the counts line up */
+    }
+    float acc[RB][TP][4];
+#pragma unroll
+    for (int rb = 0; rb < RB; rb++)
+#pragma unroll
+        for (int p = 0; p < TP; p++) acc[rb][p][0] = acc[rb][p][1] = acc[rb][p][2] = acc[rb][p][3] = 0.0f;
+    for (int st = 0; st < stages; st++) {
+        coli_copy_wait<shape::ns - 2>(); /* stage st has landed (for this thread's copies) */
+        __syncthreads();          /* ... and for everyone's; and slot st - 1 is free */
+        const int c = st * MMA_WARPS + warp;
+        if (c < chunks) {
+            const uint8_t *slot = shared + (st % shape::ns) * shape::stage;
+            mma_slot_regs<FORMAT, RB> sl;
+#pragma unroll
+            for (int rb = 0; rb < RB; rb++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = rb * 16 + g + 8 * h;
+                    sl.w[rb][h] = *(const int4 *)(slot + r * MMA_ROW_PITCH + 64 * warp + 16 * t);
+                    if constexpr (FORMAT == COLI_FMT_Q4)
+                        sl.sc[rb][h] = *(const float4 *)(slot + shape::w_bytes + r * MMA_SCALE_PITCH + 16 * warp);
+                }
+            const uint8_t *sp = slot + shape::w_bytes + shape::s_bytes;
+            mma_chunk<FORMAT, RB, TP>(sl, sp, (const float *)(sp + shape::p_bytes), warp, valid, g, t, acc);
+        }
+        if (st + shape::ns - 1 < stages) MMA_COPY(false, st + shape::ns - 1), MMA_COPY(true, st + shape::ns - 1);
+        coli_copy_commit();
+    }
+#undef MMA_COPY
+    coli_copy_wait<0>();
+    __syncthreads(); /* the slots become the warps' sums */
+    float(*partial)[RB][2 * TP][16] = (float(*)[RB][2 * TP][16])shared;
+    /* columns 2t, 2t + 1 hold digits (a, b) for even t, (c, none) for odd t */
+    const float w0 = t % 2 ? 1.0f : 65536.0f, w1 = t % 2 ? 0.0f : 256.0f;
+#pragma unroll
+    for (int rb = 0; rb < RB; rb++)
+#pragma unroll
+        for (int p = 0; p < TP; p++) {
+            float vg = w0 * acc[rb][p][0] + w1 * acc[rb][p][1], vg8 = w0 * acc[rb][p][2] + w1 * acc[rb][p][3];
+            vg += COLI_SHFL_XOR(vg, 1), vg8 += COLI_SHFL_XOR(vg8, 1);
+            if (t % 2 == 0) partial[warp][rb][2 * p + t / 2][g] = vg, partial[warp][rb][2 * p + t / 2][g + 8] = vg8;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < RB * 2 * TP * 16; i += MMA_WARPS * WARP) {
+        const int r = i % 16, k = i / 16 % (2 * TP), rb = i / 16 / (2 * TP);
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MMA_WARPS; w++) v += partial[w][rb][k][r];
+        const int64_t row = row0 + rb * 16 + r, tok = 2 * pair0 + k;
+        if (row < rows && tok < s) y[tok * rows + row] = v * (FORMAT == COLI_FMT_Q8 ? scale[row] : 0.0625f);
+    }
+}
+
+/* ---- int8 and int4 at S = 1: decode_kernel ----------------------------------------
+ * One token leaves the tensor cores' tiles mostly empty (3 of their 8 columns),
+ * and mma_kernel's stages and barriers cost more than they save: at S = 1 a warp
+ * owns R rows instead and reads them as 16-byte pieces, lane i piece i of each run
+ * of 32, through a ring of D runs in flight (as gemv_kernel does for f32). x is cut
+ * per run of 8 columns into the same int8 digits (E per 8 columns), stored in the
+ * order the lanes read them (decode_unit), so that a warp's x loads are side by
+ * side whatever the weights' layout; a weight word meets them in dp4a, exactly:
+ * a word's true sum is below 4 * 128 * 2^22 = 2^31 (int8) or 8 * 15 * 2^22 (int4,
+ * values n + 8), and int32 arithmetic wraps, so its parts may overflow on the
+ * way. A word then costs int8 3 dp4a, 2 multiply-adds, a conversion and an fma;
+ * int4 3 masks, 6 dp4a, 2 multiply-adds, a conversion, a multiply and an fma.
+ * Per word the kernel reads 16 bytes of digits (int8: a, b, c of 4 columns, E) or
+ * 32 (int4: a, b, c of the even and of the odd columns, E, and -8 times the sum of
+ * the 8 v, which takes off the values' bias of 8). */
+
+/* Where lane i reads the digits of the ABI's word wn: word m of the piece at
+ * `start` + i, in a row of `pieces`, is unit start * 4 + m * nb + i. */
+__host__ __device__ inline int64_t decode_unit(int32_t layout, int64_t wn, int64_t pieces) {
+    const int64_t sp = layout ? mma_word(wn) : wn, piece = sp / 4, start = piece / WARP * WARP;
+    const int64_t nb = pieces - start < WARP ? pieces - start : WARP;
+    return start * 4 + sp % 4 * nb + (piece - start);
+}
+
+/* x's run of 8 columns g -> its units: int8, one per word (a, b, c, E); int4, the
+ * two halves of its word's 32 bytes, the second half `words` units after the first. */
+template <int FORMAT>
+__host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
+    float m = 0.0f;
+    bool bad = false;
+    for (int j = 0; j < 8; j++) {
+        if (fabsf(v[j]) <= 3.4e38f) m = fmaxf(m, fabsf(v[j]));
+        else bad = true; /* inf or NaN: the sums must come out NaN, not finite */
+    }
+    int ex = 0, d[DIGITS][8] = {};
+    (void)frexpf(m, &ex); /* m < 2^ex */
+    if (!bad) digits_of8(v, ex, d);
+    const float e = bad ? NAN : ex >= -104 ? pow2(ex - 22) : ldexpf(1.0f, ex - 22);
+    const int64_t pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
     if (FORMAT == COLI_FMT_Q8) {
         for (int h = 0; h < 2; h++) {
             const int o = 4 * h;
-            out[h] = make_float4(as_float(pack4(d[0][o], d[0][o + 1], d[0][o + 2], d[0][o + 3])),
-                                 as_float(pack4(d[1][o], d[1][o + 1], d[1][o + 2], d[1][o + 3])),
-                                 as_float(pack4(d[2][o], d[2][o + 1], d[2][o + 2], d[2][o + 3])), e);
+            out[decode_unit(layout, 2 * g + h, pieces)] =
+                make_float4(as_float(pack4(d[0][o], d[0][o + 1], d[0][o + 2], d[0][o + 3])),
+                            as_float(pack4(d[1][o], d[1][o + 1], d[1][o + 2], d[1][o + 3])),
+                            as_float(pack4(d[2][o], d[2][o + 1], d[2][o + 2], d[2][o + 3])), e);
         }
     } else {
-        uint32_t p[3][2];
-        for (int k = 0; k < 3; k++)
+        uint32_t p[DIGITS][2];
+        int sum = 0;
+        for (int j = 0; j < 8; j++) sum += d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
+        for (int k = 0; k < DIGITS; k++)
             for (int odd = 0; odd < 2; odd++) p[k][odd] = pack4(d[k][odd], d[k][2 + odd], d[k][4 + odd], d[k][6 + odd]);
-        out[0] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]),
-                             as_float(p[1][1]));
-        out[1] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)sum));
+        const int64_t u = decode_unit(layout, g, pieces);
+        out[u] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]), as_float(p[1][1]));
+        out[cols / 8 + u] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)(-8 * sum)));
     }
 }
 
-/* The planes of x (cols % 8 == 0), one thread per 8 columns. */
+/* x's digits for decode_kernel, a thread per 8 columns (cols % 8 == 0). */
 template <int FORMAT>
-__global__ void __launch_bounds__(256) prep_x_kernel(const float *__restrict__ x, int64_t cols, float4 *__restrict__ out) {
+__global__ void __launch_bounds__(256)
+    decode_prep_kernel(const float *__restrict__ x, int64_t cols, int32_t layout, float4 *__restrict__ out) {
+    coli_allow_next_grid(); /* decode_kernel may start loading W now; it waits for this grid before x */
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= cols / 8) return;
     const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
     const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    float4 units[2];
-    planes_of8<FORMAT>(v, units);
-    out[2 * g] = units[0], out[2 * g + 1] = units[1];
+    decode_units<FORMAT>(v, g, cols, layout, out);
 }
 
-/* One weight word against its x planes: the exact integer sum of value * v. */
-template <int FORMAT> __host__ __device__ inline int word_dot(uint32_t word, const float4 *u) {
+/* One weight word against its units (int4: the word's two halves): the exact
+ * integer sum of value * v. */
+template <int FORMAT>
+__host__ __device__ inline int word_dot(uint32_t word, const float4 (&u)[FORMAT == COLI_FMT_Q8 ? 1 : 2]) {
     if constexpr (FORMAT == COLI_FMT_Q8) {
         const int w = (int)word;
         const int a = COLI_DP4A(w, (int)as_bits(u[0].x), 0), b = COLI_DP4A(w, (int)as_bits(u[0].y), 0);
         const int c = COLI_DP4A(w, (int)as_bits(u[0].z), 0);
-        return a * 65536 + b * 256 + c;
+        return (int)((uint32_t)a * 65536u + (uint32_t)b * 256u + (uint32_t)c); /* wraps; the true sum fits */
     } else {
         const int lo = (int)(word & 0x0F0F0F0Fu), hi = (int)((word >> 4) & 0x0F0F0F0Fu); /* n + 8, 0..15 */
         const int a = COLI_DP4A(hi, (int)as_bits(u[0].y), COLI_DP4A(lo, (int)as_bits(u[0].x), 0));
         const int b = COLI_DP4A(hi, (int)as_bits(u[0].w), COLI_DP4A(lo, (int)as_bits(u[0].z), 0));
-        const int c = COLI_DP4A(hi, (int)as_bits(u[1].y), COLI_DP4A(lo, (int)as_bits(u[1].x), 0));
-        return a * 65536 + b * 256 + c - 8 * (int)as_bits(u[1].w);
+        const int c = COLI_DP4A(hi, (int)as_bits(u[1].y), COLI_DP4A(lo, (int)as_bits(u[1].x), (int)as_bits(u[1].w)));
+        return (int)((uint32_t)a * 65536u + (uint32_t)b * 256u + (uint32_t)c);
     }
 }
 
-/* ---- S <= 16: a warp owns R rows and T tokens ----------------------------------------
- * Lane i takes piece i of each run of 32 pieces of its R rows. The pieces come
- * through a ring of D register slots, each refilled as soon as it is used, so D
- * runs of loads are in flight while the warp works: HBM's latency under load is
- * thousands of cycles and a run's arithmetic a few hundred, and the grid gives
- * an SM too few warps to cover that otherwise (ncu on the H200: warps stalled
- * on loads 80% of the time with one run ahead). A word's x values, read through
- * L1, serve R rows. Weights stream past the caches. Needs whole pieces: f32 in
- * the ABI's order (cols % 4 == 0), int8 and int4 interleaved. Indices within a
- * row are 32-bit (a row has fewer than 2^31 pieces): 64-bit index arithmetic,
- * and above all a 64-bit division per int4 scale, cost more than the work. */
-/* x values per lane per run: a float4 per word (int8), two (int4), one per piece (f32) */
-template <int FORMAT> struct run_x {
-    static constexpr int loads = FORMAT == COLI_FMT_F32 ? 1 : fmt<FORMAT>::per_piece / 4;
+/* One ring slot: a run's piece of each of R rows and, for int4, its 4 words' scales. */
+template <int FORMAT, int R> struct decode_slot {
+    int4 w[R];
+    float4 sc[FORMAT == COLI_FMT_Q4 ? R : 1];
 };
 
-/* One run's pieces of R rows (and, for one token, its x) into a ring slot. */
-template <int FORMAT, int R, bool XPRE>
-__device__ inline void gemv_load(const int4 *const (&w)[R], const float *const (&sr)[R], int32_t group, int gshift,
-                                 const float4 *x, int pieces, int start, int lane, int4 (&wv)[R], float (&sc)[R][4],
-                                 float4 (&xr)[run_x<FORMAT>::loads]) {
-    constexpr int XU = fmt<FORMAT>::x_units;
-    const int i = start + lane, nb = pieces - start < WARP ? pieces - start : WARP;
+/* Load the run at piece `start` (nb pieces wide) into a slot. int4 is in the mma
+ * layout: word m of piece p holds a column of group (p / 4) * 4 + m. */
+template <int FORMAT, int R>
+__device__ inline void decode_load(decode_slot<FORMAT, R> &sl, const int4 *const (&w)[R], const float *const (&sr)[R],
+                                   int start, int nb, int lane) {
+    const bool on = lane < nb;
 #pragma unroll
     for (int k = 0; k < R; k++) {
-        wv[k] = i < pieces ? COLI_LOAD_STREAM(w[k] + i) : make_int4(0, 0, 0, 0);
+        sl.w[k] = on ? COLI_LOAD_STREAM(w[k] + start + lane) : make_int4(0, 0, 0, 0);
         if constexpr (FORMAT == COLI_FMT_Q4)
-#pragma unroll
-            for (int m = 0; m < 4; m++) { /* word m holds the 8 columns from (start * 4 + m * nb + lane) * 8 */
-                const int c = (start * 4 + m * nb + lane) * 8;
-                sc[k][m] = i < pieces ? sr[k][gshift >= 0 ? c >> gshift : c / group] : 0.0f;
-            }
+            sl.sc[k] = on ? __ldg((const float4 *)sr[k] + (start + lane) / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if constexpr (XPRE)
-#pragma unroll
-        for (int j = 0; j < run_x<FORMAT>::loads; j++) {
-            const int at = FORMAT == COLI_FMT_F32 ? i : (start * 4 + j / XU * nb + lane) * XU + j % XU;
-            xr[j] = i < pieces ? __ldg(x + at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
 }
 
-/* Where a warp finds x: loaded at use (any T) or carried in the ring (T = 1).
- * (Staging x once per block in shared memory instead was timed too: no faster.) */
-enum { X_AT_USE = 0, X_RING = 1 };
-
-/* One run's pieces (at `start`) into the sums. Each row's sum runs as CH
- * independent chains: one chain of dependent FMAs left the warps waiting on
- * their own results (ncu: a few warps per scheduler, each issuing every 4-6 cycles). */
-template <int FORMAT, int R, int T, int XM>
-__device__ inline void gemv_run(const int4 (&wv)[R], const float (&sc)[R][4], const float4 (&xr)[run_x<FORMAT>::loads],
-                                const float4 *const (&xt)[T], int nt, int pieces, int start, int lane,
-                                float (&acc)[R][T]) {
-    constexpr int PW = fmt<FORMAT>::per_word;
-    constexpr int XW = PW < 4 ? 4 : PW; /* x values loaded at once: a float4 at least */
-    constexpr int CH = FORMAT == COLI_FMT_Q4 ? 2 : 4; /* int4 closes its chains every word, for the scale */
-    const int i = start + lane;
-    if (i >= pieces) return; /* only in a row's last run */
-    const int nb = pieces - start < WARP ? pieces - start : WARP;
-    float part[R][T][CH];
-#pragma unroll
-    for (int k = 0; k < R; k++)
-#pragma unroll
-        for (int t = 0; t < T; t++)
-#pragma unroll
-            for (int c = 0; c < CH; c++) part[k][t][c] = 0.0f;
-    float xv[T][XW]; /* f32 loads its float4 of x at m = 0 and uses it for all four words */
+/* A loaded run into the sums: xq points at this lane's units of the run. */
+template <int FORMAT, int R>
+__device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4 *xq, int64_t half, int nb,
+                                  float (&acc)[R]) {
 #pragma unroll
     for (int m = 0; m < 4; m++) {
-        float wf[R][PW];
-#pragma unroll
-        for (int k = 0; k < R; k++) dequant<FORMAT>(word_of(wv[k], m), wf[k]);
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            if (t >= nt) break;
-            if (FORMAT == COLI_FMT_F32 ? m == 0 : true) {
-                const float4 *xp = FORMAT == COLI_FMT_F32 ? xt[t] + i : xt[t] + (start * 4 + m * nb + lane) * fmt<FORMAT>::x_units;
-#pragma unroll
-                for (int j = 0; j < XW / 4; j++) {
-                    const float4 v = XM == X_RING ? xr[FORMAT == COLI_FMT_F32 ? 0 : m * fmt<FORMAT>::x_units + j] : __ldg(xp + j);
-                    xv[t][4 * j] = v.x, xv[t][4 * j + 1] = v.y, xv[t][4 * j + 2] = v.z, xv[t][4 * j + 3] = v.w;
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < R; k++)
-#pragma unroll
-                for (int j = 0; j < PW; j++) {
-                    float &p = part[k][t][(m * PW + j) % CH];
-                    p = fmaf(wf[k][j], xv[t][(FORMAT == COLI_FMT_F32 ? m : 0) + j], p);
-                }
-        }
-        if constexpr (FORMAT == COLI_FMT_Q4) /* a scale per word */
-#pragma unroll
-            for (int k = 0; k < R; k++)
-#pragma unroll
-                for (int t = 0; t < T; t++) {
-                    acc[k][t] = fmaf(part[k][t][0] + part[k][t][1], sc[k][m], acc[k][t]);
-                    part[k][t][0] = part[k][t][1] = 0.0f;
-                }
-    }
-    if constexpr (FORMAT != COLI_FMT_Q4)
-#pragma unroll
-        for (int k = 0; k < R; k++)
-#pragma unroll
-            for (int t = 0; t < T; t++) acc[k][t] += (part[k][t][0] + part[k][t][1]) + (part[k][t][2] + part[k][t][3]);
-}
-
-/* One run through the planes of x (T = 1, int8 or int4): per word and row, the
- * integer dot product, then one conversion and one fma. */
-template <int FORMAT, int R, int XM>
-__device__ inline void gemv_run_planes(const int4 (&wv)[R], const float (&sc)[R][4],
-                                       const float4 (&xr)[run_x<FORMAT>::loads], const float4 *xq, int pieces,
-                                       int start, int lane, float (&acc)[R][1]) {
-    constexpr int UW = fmt<FORMAT>::x_units; /* 16-byte units of planes per word */
-    const int i = start + lane;
-    if (i >= pieces) return; /* only in a row's last run */
-    const int nb = pieces - start < WARP ? pieces - start : WARP;
-#pragma unroll
-    for (int m = 0; m < 4; m++) {
-        float4 u[UW];
-#pragma unroll
-        for (int j = 0; j < UW; j++) u[j] = XM == X_RING ? xr[m * UW + j] : __ldg(xq + (start * 4 + m * nb + lane) * UW + j);
-        const float e = UW == 1 ? u[0].w : u[UW - 1].z;
+        float4 u[FORMAT == COLI_FMT_Q8 ? 1 : 2];
+        u[0] = __ldg(xq + m * nb);
+        if constexpr (FORMAT == COLI_FMT_Q4) u[1] = __ldg(xq + half + m * nb);
 #pragma unroll
         for (int k = 0; k < R; k++) {
-            const float dot = (float)word_dot<FORMAT>(word_of(wv[k], m), u);
-            acc[k][0] = fmaf(dot, FORMAT == COLI_FMT_Q4 ? e * sc[k][m] : e, acc[k][0]);
+            const float dot = (float)word_dot<FORMAT>(word_of(sl.w[k], m), u);
+            acc[k] = fmaf(dot, FORMAT == COLI_FMT_Q4 ? u[1].z * elem(sl.sc[k], m) : u[0].w, acc[k]);
         }
     }
 }
 
-/* QX: x is the planes of prep_x_kernel (T = 1, int8 and int4), else float32. */
-template <int FORMAT, int R, int D, int T, int XM, bool QX>
+/* int8 in the ABI's order (cols % 16 == 0), int4 in the mma layout; x: decode_prep_kernel's units. */
+template <int FORMAT, int R, int D>
 __global__ void __launch_bounds__(256)
-    gemv_kernel(const void *__restrict__ q, const float *__restrict__ scale, int64_t rows, int64_t cols,
-                int32_t group, const float *__restrict__ x, int64_t s, float *__restrict__ y) {
-    constexpr int PP = fmt<FORMAT>::per_piece;
+    decode_kernel(const int4 *__restrict__ q, const float *__restrict__ scale, int64_t rows, int pieces,
+                  const float4 *__restrict__ xq, float *__restrict__ y) {
+    const int lane = threadIdx.x % WARP;
+    const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP) * R;
+    if (r0 >= rows) return; /* no barrier follows: a whole warp leaves together */
+    const int64_t half = (int64_t)pieces * 4; /* int4: where the units' second halves start */
+    const int4 *w[R];
+    const float *sr[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) { /* rows past the end re-read the last one; their sums are dropped */
+        const int64_t row = r0 + k < rows ? r0 + k : rows - 1;
+        w[k] = q + row * pieces;
+        sr[k] = scale + row * pieces; /* int4: a scale per 32 columns, i.e. per piece */
+    }
+    const int full = pieces / WARP * WARP; /* pieces in whole runs of 32 */
+    decode_slot<FORMAT, R> ring[D];
+#pragma unroll
+    for (int d = 0; d < D; d++)
+        if (d * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, d * WARP, WARP, lane);
+    coli_wait_prior_grid(); /* W is on its way; x's units are ready from here on */
+    float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) acc[k] = 0.0f;
+    for (int run = 0; run < full; run += D * WARP)
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int start = run + d * WARP;
+            if (start >= full) break;
+            decode_run<FORMAT, R>(ring[d], xq + start * 4 + lane, half, WARP, acc);
+            if (start + D * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, start + D * WARP, WARP, lane);
+        }
+    const int nb = pieces - full; /* a row's last, narrower run */
+    if (nb > 0) {
+        decode_load<FORMAT, R>(ring[0], w, sr, full, nb, lane);
+        if (lane < nb) decode_run<FORMAT, R>(ring[0], xq + full * 4 + lane, half, nb, acc);
+    }
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        float v = acc[k];
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+        if (lane == 0 && r0 + k < rows) y[r0 + k] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + k] : v;
+    }
+}
+
+/* ---- f32, S <= 16: a warp owns R rows and T tokens -----------------------------------
+ * Lane i takes 16-byte piece i of each run of 32 pieces of its R rows. The pieces
+ * come through a ring of D register slots, each refilled as soon as it is used,
+ * so D runs of loads are in flight while the warp works: HBM's latency under load
+ * is thousands of cycles and the grid gives an SM too few warps to cover that
+ * otherwise (ncu on the H200: warps stalled on loads 80% of the time with one run
+ * ahead). x is read through L1 and serves R rows; W streams past the caches.
+ * Needs cols % 4 == 0. Indices within a row are 32-bit (a row has fewer than 2^31
+ * pieces): 64-bit index arithmetic cost more than the work. */
+/* Where a warp finds x: loaded at use (any T) or carried in the ring (T = 1). */
+enum { X_AT_USE = 0, X_RING = 1 };
+
+/* One run's pieces of R rows (and, XPRE, its x) into a ring slot; i = this lane's piece. */
+template <int R, bool XPRE>
+__device__ inline void gemv_load(const float4 *const (&w)[R], const float4 *x, int pieces, int i, float4 (&wv)[R],
+                                 float4 &xr) {
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < R; k++) wv[k] = i < pieces ? COLI_LOAD_STREAM(w[k] + i) : zero;
+    if constexpr (XPRE) xr = i < pieces ? __ldg(x + i) : zero;
+}
+
+/* One run's pieces into the sums: a piece's four products as two pairs, then one add. */
+template <int R, int T, int XM>
+__device__ inline void gemv_run(const float4 (&wv)[R], const float4 &xr, const float4 *const (&xt)[T], int nt,
+                                int pieces, int i, float (&acc)[R][T]) {
+    if (i >= pieces) return; /* only in a row's last run */
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        if (t >= nt) break;
+        const float4 x = XM == X_RING ? xr : __ldg(xt[t] + i);
+#pragma unroll
+        for (int k = 0; k < R; k++)
+            acc[k][t] += (wv[k].x * x.x + wv[k].y * x.y) + (wv[k].z * x.z + wv[k].w * x.w);
+    }
+}
+
+template <int R, int D, int T, int XM>
+__global__ void __launch_bounds__(256)
+    gemv_kernel(const float *__restrict__ q, int64_t rows, int64_t cols, const float *__restrict__ x, int64_t s,
+                float *__restrict__ y) {
     const int lane = threadIdx.x % WARP;
     const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP) * R;
     const int64_t t0 = (int64_t)blockIdx.y * T;
     if (r0 >= rows) return; /* no barrier follows: a whole warp leaves together */
     const int nt = (int)(s - t0 < T ? s - t0 : T);
-    const int pieces = (int)(cols / PP);
-    const int gshift = FORMAT == COLI_FMT_Q4 && (group & (group - 1)) == 0 ? __ffs(group) - 1 : -1;
-    const int4 *w[R];
-    const float *sr[R];
-    const float4 *xt[T];
+    const int pieces = (int)(cols / 4);
+    const float4 *w[R], *xt[T];
 #pragma unroll
-    for (int k = 0; k < R; k++) { /* rows past the end re-read the last one; their sums are dropped */
-        const int64_t row = r0 + k < rows ? r0 + k : rows - 1;
-        w[k] = (const int4 *)q + row * pieces;
-        sr[k] = FORMAT == COLI_FMT_Q4 ? scale + row * (cols / group) : scale;
-    }
+    for (int k = 0; k < R; k++) /* rows past the end re-read the last one; their sums are dropped */
+        w[k] = (const float4 *)q + (r0 + k < rows ? r0 + k : rows - 1) * pieces;
 #pragma unroll
     for (int t = 0; t < T; t++) xt[t] = (const float4 *)(x + (t0 + (t < nt ? t : 0)) * cols);
     float acc[R][T];
@@ -361,23 +686,14 @@ __global__ void __launch_bounds__(256)
     for (int k = 0; k < R; k++)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[k][t] = 0.0f;
-
-    constexpr bool XPRE = XM == X_RING;
-    int4 ring[D][R];
-    float ring_sc[D][R][4];
-    float4 ring_x[D][run_x<FORMAT>::loads];
+    float4 ring[D][R], ring_x[D];
 #pragma unroll
-    for (int d = 0; d < D; d++)
-        gemv_load<FORMAT, R, XPRE>(w, sr, group, gshift, xt[0], pieces, d * WARP, lane, ring[d], ring_sc[d], ring_x[d]);
+    for (int d = 0; d < D; d++) gemv_load<R, XM == X_RING>(w, xt[0], pieces, d * WARP + lane, ring[d], ring_x[d]);
     for (int run = 0; run < pieces; run += D * WARP) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
-            if constexpr (QX)
-                gemv_run_planes<FORMAT, R, XM>(ring[d], ring_sc[d], ring_x[d], xt[0], pieces, run + d * WARP, lane, acc);
-            else
-                gemv_run<FORMAT, R, T, XM>(ring[d], ring_sc[d], ring_x[d], xt, nt, pieces, run + d * WARP, lane, acc);
-            gemv_load<FORMAT, R, XPRE>(w, sr, group, gshift, xt[0], pieces, run + (d + D) * WARP, lane, ring[d],
-                                       ring_sc[d], ring_x[d]);
+            gemv_run<R, T, XM>(ring[d], ring_x[d], xt, nt, pieces, run + d * WARP + lane, acc);
+            gemv_load<R, XM == X_RING>(w, xt[0], pieces, run + (d + D) * WARP + lane, ring[d], ring_x[d]);
         }
     }
 #pragma unroll
@@ -387,15 +703,14 @@ __global__ void __launch_bounds__(256)
             float v = acc[k][t];
 #pragma unroll
             for (int o = WARP / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
-            if (lane == 0 && r0 + k < rows && t < nt)
-                y[(t0 + t) * rows + r0 + k] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + k] : v;
+            if (lane == 0 && r0 + k < rows && t < nt) y[(t0 + t) * rows + r0 + k] = v;
         }
 }
 
 /* ---- S > 16: register tiles -----------------------------------------------------------
  * A block computes BM rows x TILE_N tokens, each thread a (BM / 16) x 4 patch.
  * Per step of TILE_K columns the block's W tile (f32 as 16-byte pieces, int8 and
- * int4 as 32-bit words, found through the layout) and x tile are loaded into
+ * int4 as 32-bit words, int4's found through its layout) and x tile are loaded into
  * registers one step ahead, so the loads overlap the arithmetic of the step
  * before; they are then dequantised (scales applied, so any int4 group works)
  * into shared memory, k-major, and every thread does its FMAs for each pair of
@@ -429,7 +744,7 @@ __device__ inline void tile_fetch(const void *__restrict__ q, const float *__res
         if constexpr (FORMAT == COLI_FMT_F32) {
             wr[j] = ((const int4 *)q)[gr * units_per_row + un];
         } else {
-            const int64_t at = layout ? interleaved_word(un, units_per_row) : un;
+            const int64_t at = layout ? mma_word(un) : un;
             wr[j].x = (int)((const uint32_t *)q)[gr * units_per_row + at];
             if (FORMAT == COLI_FMT_Q4 && group % PU == 0) wsc[j] = scale[gr * (cols / group) + un * PU / group];
         }
@@ -525,7 +840,7 @@ __host__ __device__ inline float stored_value(const void *q, int64_t row, int64_
     } else {
         constexpr int PW = fmt<FORMAT>::per_word, BITS = FORMAT == COLI_FMT_Q8 ? 8 : 4;
         const uint8_t *r = (const uint8_t *)q + row * cols * BITS / 8;
-        const int64_t at = layout ? interleaved_word(c / PW, cols / PW) * 4 + c % PW * BITS / 8 : c * BITS / 8;
+        const int64_t at = layout ? mma_word(c / PW) * 4 + c % PW * BITS / 8 : c * BITS / 8;
         if (FORMAT == COLI_FMT_Q8) return (float)(int8_t)r[at];
         return (float)((int)(c % 2 ? r[at] >> 4 : r[at] & 0x0F) - 8);
     }
@@ -555,39 +870,109 @@ __global__ void simple_kernel(const void *__restrict__ q, const float *__restric
 /* ---- Launch ------------------------------------------------------------------------ */
 #define GEMV_THREADS 256
 
-/* One matmul on device pointers. The kernel variant per format and row count is
- * the fastest of those timed on the H200 (bench/gpu_matmul_bench.cu sweeps them). */
-#define LAUNCH_ARGS w->q, w->scale, w->rows, w->cols, w->group, dx, s, dy
-
-/* A warp per R rows, a grid row per T tokens. */
-static dim3 gemv_grid(const coli_weight *w, int R, int64_t s, int T) {
-    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
-    return dim3((unsigned)((w->rows + per_block - 1) / per_block), (unsigned)((s + T - 1) / T));
-}
-
-template <int FORMAT, int R, int D, int T, int XM = T == 1 ? X_RING : X_AT_USE>
+/* f32, S <= 16: a warp per R rows, a grid row per T tokens. */
+template <int R, int D, int T, int XM = T == 1 ? X_RING : X_AT_USE>
 static void launch_gemv(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
-    const dim3 grid = gemv_grid(w, R, s, T);
-    gemv_kernel<FORMAT, R, D, T, XM, false><<<grid, GEMV_THREADS, 0, stream>>>(LAUNCH_ARGS);
-}
-
-/* S = 1 through the planes of x: `planes` is device scratch of cols floats. */
-template <int FORMAT, int R, int D, int XM = X_RING>
-static void launch_gemv_planes(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
-    const int64_t groups = w->cols / 8;
-    prep_x_kernel<FORMAT><<<(unsigned)((groups + 255) / 256), 256, 0, stream>>>(dx, w->cols, (float4 *)planes);
-    const dim3 grid = gemv_grid(w, R, 1, 1);
-    gemv_kernel<FORMAT, R, D, 1, XM, true><<<grid, GEMV_THREADS, 0, stream>>>(w->q, w->scale, w->rows, w->cols, w->group,
-                                                                             planes, 1, dy);
+    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), (unsigned)((s + T - 1) / T));
+    gemv_kernel<R, D, T, XM><<<grid, GEMV_THREADS, 0, stream>>>((const float *)w->q, w->rows, w->cols, dx, s, dy);
 }
 
 /* Tokens per pass: the fewest of 1, 2, 4, 8 that cover s. */
-template <int FORMAT, int R, int D>
+template <int R, int D>
 static void launch_gemv_tokens(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
-    if (s == 1) launch_gemv<FORMAT, R, D, 1>(w, dx, s, dy, stream);
-    else if (s == 2) launch_gemv<FORMAT, R, D, 2>(w, dx, s, dy, stream);
-    else if (s <= 4) launch_gemv<FORMAT, R, D, 4>(w, dx, s, dy, stream);
-    else launch_gemv<FORMAT, R, D, 8>(w, dx, s, dy, stream);
+    if (s == 1) launch_gemv<R, D, 1>(w, dx, s, dy, stream);
+    else if (s == 2) launch_gemv<R, D, 2>(w, dx, s, dy, stream);
+    else if (s <= 4) launch_gemv<R, D, 4>(w, dx, s, dy, stream);
+    else launch_gemv<R, D, 8>(w, dx, s, dy, stream);
+}
+
+/* An attribute of the current device, read once into *cache (a race writes the same value). */
+static int device_attribute(int *cache, cudaDeviceAttr attr) {
+    if (*cache < 0) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, attr, dev) == cudaSuccess) *cache = v;
+        else (void)cudaGetLastError(), *cache = 0;
+    }
+    return *cache;
+}
+
+static int sm_count(void) {
+    static int n = -1;
+    const int v = device_attribute(&n, cudaDevAttrMultiProcessorCount);
+    return v > 0 ? v : 1;
+}
+
+#if COLI_HAS_PDL
+static int cc_major(void) {
+    static int n = -1;
+    return device_attribute(&n, cudaDevAttrComputeCapabilityMajor);
+}
+#endif
+
+/* Launches a kernel that may start while the one before it runs (sm_90), when it
+ * waits for it before reading its output (coli_wait_prior_grid); elsewhere plainly. */
+template <typename... Params, typename... Args>
+static void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                         Args... args) {
+#if COLI_HAS_PDL
+    if (cc_major() >= 9) {
+        cudaLaunchConfig_t config = {};
+        cudaLaunchAttribute early;
+        early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        early.val.programmaticStreamSerializationAllowed = 1;
+        config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = shared, config.stream = stream;
+        config.attrs = &early, config.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&config, kernel, ((Params)args)...);
+        return;
+    }
+#endif
+    kernel<<<grid, block, shared, stream>>>(((Params)args)...);
+}
+
+/* int8 and int4, S = 1: x's units into `planes` (cols floats), then decode_kernel. */
+template <int FORMAT, int R, int D>
+static void launch_decode(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+    const int64_t runs = w->cols / 8;
+    decode_prep_kernel<FORMAT><<<(unsigned)((runs + 255) / 256), 256, 0, stream>>>(dx, w->cols, w->layout,
+                                                                                   (float4 *)planes);
+    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block));
+    launch_early(decode_kernel<FORMAT, R, D>, grid, dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
+                 (const float *)w->scale, (int64_t)w->rows, (int)(w->cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32)),
+                 (const float4 *)planes, dy);
+}
+
+/* int8 and int4: x's digits into `planes` (device scratch of s * cols floats), then
+ * the mma kernel with TP pairs of tokens per block. */
+template <int FORMAT, int RB, int NS, int TP>
+static void launch_mma_pairs(const coli_weight *w, const float *dx, int64_t s, float *planes, float *dy,
+                             cudaStream_t stream) {
+    using shape = mma_shape<FORMAT, RB, NS, TP>;
+    const auto kernel = mma_kernel<FORMAT, RB, NS, TP>;
+    static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
+    if (shape::shared > 48 * 1024 && !raised)
+        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::shared) ==
+                 cudaSuccess;
+    const int chunks = (int)(w->cols / mma_fmt<FORMAT>::cols);
+    uint32_t *digits = (uint32_t *)planes;
+    float *ex = (float *)((char *)planes + (size_t)s * DIGITS * (size_t)w->cols); /* after every token's digits */
+    const int64_t threads = s * (w->cols / 8);
+    mma_prep_kernel<FORMAT><<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(dx, w->cols, s, digits, ex);
+    const dim3 grid((unsigned)((w->rows + shape::rows - 1) / shape::rows), (unsigned)((s + 2 * TP - 1) / (2 * TP)));
+    launch_early(kernel, grid, dim3(MMA_WARPS * WARP), shape::shared, stream, (const uint8_t *)w->q,
+                 (const float *)w->scale, (int64_t)w->rows, chunks, (const uint32_t *)digits, (const float *)ex, s, dy);
+}
+
+/* Pairs of tokens per block: the fewest of 1, 2, 4, 8 that cover s, up to the
+ * format's most (more tokens: blocks in y). */
+template <int FORMAT, int RB, int NS>
+static void launch_mma(const coli_weight *w, const float *dx, int64_t s, float *planes, float *dy, cudaStream_t stream) {
+    constexpr int MAX = mma_pairs<FORMAT>::max;
+    if (s <= 2) launch_mma_pairs<FORMAT, RB, NS, 1>(w, dx, s, planes, dy, stream);
+    else if (s <= 4 || MAX == 2) launch_mma_pairs<FORMAT, RB, NS, 2>(w, dx, s, planes, dy, stream);
+    else if (s <= 8 || MAX == 4) launch_mma_pairs<FORMAT, RB, NS, MAX < 4 ? MAX : 4>(w, dx, s, planes, dy, stream);
+    else launch_mma_pairs<FORMAT, RB, NS, MAX>(w, dx, s, planes, dy, stream);
 }
 
 template <int FORMAT, int BM>
@@ -604,30 +989,21 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
                                                                dx, dy);
 }
 
-/* Multiprocessors of the current device, read once (a race here writes the same value). */
-static int sm_count(void) {
-    static int n = 0;
-    if (n <= 0) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
-            n = v > 0 ? v : 1;
-        else
-            (void)cudaGetLastError();
-    }
-    return n > 0 ? n : 1;
-}
 
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
- *   S = 1      f32: float32 x, 2 rows per warp, a ring of 4 runs. int8 and int4:
- *              the planes of x (integer dot products) with 2 rows per warp and a
- *              ring of 4 (int8) or 2 (int4) runs, or 4 (int8) and 2 (int4) rows
- *              with one run when rows fill the GPU; small int8 weights do as well
- *              without the planes' extra launch. Without scratch for the planes
- *              the float32 path serves every format.
- *   S <= 16    2 rows per warp, a ring of 2 runs, up to 8 tokens per pass.
+ *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): the
+ *              decode kernel; int8 with 4 rows per warp and one run in flight
+ *              when rows fill the GPU (8192 or more), else 1 row and 4 runs;
+ *              int4 with 2 rows and 4 runs.
+ *   int8, int4 S > 1 (int8 rows of whole chunks, int4 in the mma layout): the
+ *              mma kernel, 16 rows per block (32 for int8 past 8 tokens and for
+ *              int4 from 5 to 16), 4 stages in flight.
+ *   f32 S <= 16  2 rows per warp; a ring of 4 runs for one token, 2 for more,
+ *              up to 8 tokens per pass.
  *   S > 16     tiles; half-height ones when full ones would not give every
- *              multiprocessor a block. */
+ *              multiprocessor a block.
+ *   the rest   the simple kernel. */
 #define GEMV_MAX_S 16
 
 /* COLI_GPU_SIMPLE=1: the simple kernel only, and weights in the ABI's order, for comparisons. */
@@ -637,32 +1013,46 @@ static bool simple_only(void) {
     return simple != 0;
 }
 
+/* Whether decode_kernel takes a weight at S = 1 (given scratch for x's digits). */
+static bool decode_takes(const coli_weight *w) {
+    return w->format == COLI_FMT_Q8 ? w->cols % 16 == 0 : w->layout == MMA_LAYOUT;
+}
+
+/* Whether the mma kernel takes a weight (given scratch for x's digits). */
+static bool mma_takes(const coli_weight *w) {
+    return w->format == COLI_FMT_Q8 ? w->cols % mma_fmt<COLI_FMT_Q8>::cols == 0 : w->layout == MMA_LAYOUT;
+}
+
 template <int FORMAT>
 static void launch_format(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
                           bool simple, float *planes) {
-    const bool pieces = FORMAT == COLI_FMT_F32 ? w->cols % 4 == 0 : w->layout != 0;
     if (simple) {
         launch_simple<FORMAT>(w, dx, s, dy, stream);
+    } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
+        if constexpr (FORMAT == COLI_FMT_Q8) {
+            if (w->rows >= 8192) launch_decode<FORMAT, 4, 1>(w, dx, planes, dy, stream);
+            else launch_decode<FORMAT, 1, 4>(w, dx, planes, dy, stream);
+        } else if constexpr (FORMAT == COLI_FMT_Q4) {
+            launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
+        }
+    } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
+        if constexpr (FORMAT != COLI_FMT_F32) {
+            if (FORMAT == COLI_FMT_Q8 ? s > 8 : s > 4 && s <= 16) launch_mma<FORMAT, 2, 4>(w, dx, s, planes, dy, stream);
+            else launch_mma<FORMAT, 1, 4>(w, dx, s, planes, dy, stream);
+        }
     } else if (s > GEMV_MAX_S && w->cols % TILE_K == 0) {
         if ((w->rows + 63) / 64 * ((s + TILE_N - 1) / TILE_N) < sm_count()) launch_tile<FORMAT, 32>(w, dx, s, dy, stream);
         else launch_tile<FORMAT, 64>(w, dx, s, dy, stream);
-    } else if (!pieces) {
+    } else if (FORMAT == COLI_FMT_F32 && w->cols % 4 == 0) {
+        if (s == 1) launch_gemv<2, 4, 1>(w, dx, s, dy, stream);
+        else launch_gemv_tokens<2, 2>(w, dx, s, dy, stream);
+    } else {
         launch_simple<FORMAT>(w, dx, s, dy, stream);
-    } else if (s > 1) {
-        launch_gemv_tokens<FORMAT, 2, 2>(w, dx, s, dy, stream);
-    } else if (FORMAT == COLI_FMT_F32 || !planes || (FORMAT == COLI_FMT_Q8 && w->rows < 8192 && w->cols < 8192)) {
-        launch_gemv<FORMAT, 2, 4, 1>(w, dx, s, dy, stream);
-    } else if constexpr (FORMAT == COLI_FMT_Q8) {
-        if (w->rows >= 8192) launch_gemv_planes<FORMAT, 4, 1>(w, dx, planes, dy, stream);
-        else launch_gemv_planes<FORMAT, 2, 4>(w, dx, planes, dy, stream);
-    } else if constexpr (FORMAT == COLI_FMT_Q4) {
-        if (w->rows >= 8192) launch_gemv_planes<FORMAT, 2, 1>(w, dx, planes, dy, stream);
-        else launch_gemv_planes<FORMAT, 2, 2>(w, dx, planes, dy, stream);
     }
 }
 
-/* One matmul on device pointers; `planes` (device, cols floats, or NULL) lets
- * int8 and int4 decode go through the planes of x. */
+/* One matmul on device pointers; `planes` (device scratch of s * cols floats, or
+ * NULL) lets int8 and int4 go through the tensor cores. */
 static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
                                  float *planes) {
     const bool simple = simple_only();

@@ -1,0 +1,264 @@
+/* The GPU backend's int8/int4 path, checked on the host (nvcc, no GPU needed):
+ * the int4 mma layout is a permutation of each chunk's words and its own inverse,
+ * and every value read back through it is the ABI's; x's digits put v back
+ * together, |v| < 2^22, within half a step of x; q4_to_s8 makes 16 n of every
+ * nibble; and the sums of one block as the mma kernel forms them (its prep, its
+ * loads and operands, and the tensor cores' fragment layout as the PTX ISA gives
+ * it, written out here) are the exact integer sums of W times each digit, a group
+ * of 32 per int4 tile, and put together they are the dot product; and so are the
+ * sums of rows read the way decode_kernel reads them. Exit 0 when all hold. */
+#include "gpu_compat.h"
+#include "backend_common.h"
+#include "gpu_matmul.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+static int failures = 0;
+#define EXPECT(cond, ...)                         \
+    do {                                          \
+        if (!(cond) && failures++ < 10) {         \
+            fprintf(stderr, __VA_ARGS__);         \
+            fputc('\n', stderr);                  \
+        }                                         \
+    } while (0)
+
+static uint32_t rng = 12345;
+static uint32_t next_u32() { return rng = rng * 1664525u + 1013904223u; }
+static float next_x(float scale) { return scale * ((float)(next_u32() >> 8) / 8388608.0f - 1.0f); }
+
+/* The m16n8k32 int8 mma over a warp's fragments (g = lane / 4, t = lane % 4). */
+static void reference_mma(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], int (&d)[32][4]) {
+    int A[16][32], B[32][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            A[g][4 * t + i] = (signed char)(a[lane][0] >> 8 * i), A[g + 8][4 * t + i] = (signed char)(a[lane][1] >> 8 * i);
+            A[g][16 + 4 * t + i] = (signed char)(a[lane][2] >> 8 * i);
+            A[g + 8][16 + 4 * t + i] = (signed char)(a[lane][3] >> 8 * i);
+            B[4 * t + i][g] = (signed char)(b[lane][0] >> 8 * i), B[16 + 4 * t + i][g] = (signed char)(b[lane][1] >> 8 * i);
+        }
+    }
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            int sum = 0;
+            for (int k = 0; k < 32; k++) sum += A[row][k] * B[k][col];
+            d[lane][i] = sum;
+        }
+    }
+}
+
+static void check_digits() {
+    const float scales[] = {1.0f, 3.0e-3f, 7.5e4f, 1.0e-30f};
+    for (int trial = 0; trial < 4000; trial++) {
+        float x[8];
+        for (int j = 0; j < 8; j++) x[j] = next_x(scales[trial % 4]) * (j == trial % 8 ? 1.0f : (float)(next_u32() % 3));
+        if (trial % 97 == 0) x[trial % 8] = 0.0f;
+        float m = 0.0f;
+        for (float v : x) m = fmaxf(m, fabsf(v));
+        int ex = 0, d[DIGITS][8];
+        (void)frexpf(m, &ex);
+        digits_of8(x, ex, d);
+        const double e = ldexp(1.0, ex - 22);
+        for (int j = 0; j < 8; j++) {
+            const int v = d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
+            EXPECT(std::abs(v) <= V_MAX && std::abs(d[0][j]) <= 64 && d[1][j] >= -128 && d[1][j] <= 127 &&
+                       d[2][j] >= -128 && d[2][j] <= 127,
+                   "digits of %g out of range: %d %d %d", x[j], d[0][j], d[1][j], d[2][j]);
+            EXPECT(std::fabs(v * e - x[j]) <= 0.5 * e, "x %g came back as %g", x[j], v * e);
+        }
+    }
+    float top[8];
+    for (float &v : top) v = -nextafterf(1.0f, 0.0f); /* just under E = 1: rounds to 2^22 */
+    int d[DIGITS][8];
+    digits_of8(top, 0, d);
+    EXPECT(d[0][0] * 65536 + d[1][0] * 256 + d[2][0] == -V_MAX, "v must stay off 2^22");
+    for (int n = -8; n < 8; n++) { /* every nibble, at every place of a word */
+        for (int place = 0; place < 8; place++) {
+            const uint32_t w = (0x88888888u & ~(15u << 4 * place)) | (uint32_t)(n + 8) << 4 * place;
+            uint32_t even, odd;
+            q4_to_s8(w, even, odd);
+            const uint32_t half = place % 2 ? odd : even;
+            const int got = (signed char)(half >> 8 * (place / 2));
+            EXPECT(got == 16 * n, "nibble %d at %d: %d, want %d", n, place, got, 16 * n);
+        }
+    }
+}
+
+static void check_layout() {
+    for (int64_t wn = 0; wn < 64; wn++)
+        EXPECT(mma_word(mma_word(wn)) == wn && mma_word(wn) / 16 == wn / 16, "word %lld leaves its chunk", (long long)wn);
+    const int64_t rows = 3, cols = 256, bytes = rows * cols / 2;
+    std::vector<uint8_t> abi((size_t)bytes), stored((size_t)bytes);
+    for (uint8_t &b : abi) b = (uint8_t)(next_u32() >> 24);
+    mma_reorder(abi.data(), stored.data(), bytes / 4);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            EXPECT(stored_value<COLI_FMT_Q4>(stored.data(), r, cols, MMA_LAYOUT, c) ==
+                       stored_value<COLI_FMT_Q4>(abi.data(), r, cols, 0, c),
+                   "int4 value (%lld, %lld) moved", (long long)r, (long long)c);
+    EXPECT(mma_layout(COLI_FMT_Q4, 256, 32) && !mma_layout(COLI_FMT_Q4, 192, 32) && !mma_layout(COLI_FMT_Q4, 256, 64) &&
+               !mma_layout(COLI_FMT_Q8, 256, 0),
+           "the mma layout: int4 rows of whole chunks, groups of 32");
+}
+
+/* One block of 16 rows and a pair of tokens, as mma_kernel forms it. */
+template <int FORMAT> static void check_block(int chunks) {
+    constexpr int CC = mma_fmt<FORMAT>::cols, STEPS = mma_fmt<FORMAT>::steps, BITS = FORMAT == COLI_FMT_Q8 ? 8 : 4;
+    const int rows = 16, cols = chunks * CC, s = 2, row_bytes = cols * BITS / 8;
+    std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
+    for (uint8_t &b : abi) b = (uint8_t)(next_u32() >> 24);
+    if (FORMAT == COLI_FMT_Q4) mma_reorder(abi.data(), stored.data(), (int64_t)abi.size() / 4);
+    else stored = abi;
+    std::vector<float> x((size_t)s * cols), scale((size_t)rows * cols / 32);
+    for (size_t i = 0; i < x.size(); i++) x[i] = next_x(i / CC % 2 ? 1e-3f : 5.0f); /* chunks of different sizes */
+    for (float &v : scale) v = 0.01f + 0.001f * (float)(next_u32() % 100);
+    /* the prep, and each column's digits read straight from its run */
+    std::vector<uint32_t> planes((size_t)s * cols);
+    std::vector<float> ex((size_t)ex_at(s, chunks, 0));
+    std::vector<int> digit((size_t)s * cols * DIGITS);
+    for (int tok = 0; tok < s; tok++)
+        for (int c = 0; c < chunks; c++) {
+            float m = 0.0f;
+            for (int j = 0; j < CC; j++) m = fmaxf(m, fabsf(x[(size_t)tok * cols + c * CC + j]));
+            int ex_m = 0;
+            (void)frexpf(m, &ex_m);
+            for (int q = 0; q < CC / 8; q++) {
+                float v[8];
+                int d[DIGITS][8];
+                for (int j = 0; j < 8; j++) v[j] = x[(size_t)tok * cols + c * CC + 8 * q + j];
+                mma_prep_run<FORMAT>(v, m, false, tok, chunks, c, q, planes.data(), ex.data());
+                digits_of8(v, ex_m, d);
+                for (int k = 0; k < DIGITS; k++)
+                    for (int j = 0; j < 8; j++) digit[((size_t)tok * cols + c * CC + 8 * q + j) * DIGITS + k] = d[k][j];
+            }
+        }
+    auto w_value = [&](int row, int col) { /* the ABI's value (int4: 16 n, as the tiles hold it) */
+        return FORMAT == COLI_FMT_Q8 ? (int)(signed char)abi[(size_t)row * row_bytes + col]
+                                     : 16 * ((abi[(size_t)row * row_bytes + col / 2] >> 4 * (col % 2) & 15) - 8);
+    };
+    double acc[16][8] = {};
+    for (int c = 0; c < chunks; c++) {
+        int chunk_sum[32][4] = {};
+        for (int m = 0; m < STEPS; m++) {
+            uint32_t a[32][4], b[32][2];
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane / 4, t = lane % 4, tok_b = g / 4, dig = g % 4;
+                int4 wg, wg8, u[STEPS / 2];
+                memcpy(&wg, &stored[(size_t)g * row_bytes + c * 64 + 16 * t], 16);
+                memcpy(&wg8, &stored[(size_t)(g + 8) * row_bytes + c * 64 + 16 * t], 16);
+                if (dig < DIGITS) memcpy(u, &planes[(size_t)plane_at<FORMAT>(tok_b, chunks, c, dig, t)], sizeof u);
+                else memset(u, 0, sizeof u);
+                mma_operands<FORMAT>(wg, wg8, u, m, a[lane], b[lane]);
+            }
+            int d[32][4];
+            reference_mma(a, b, d);
+            for (int lane = 0; lane < 32; lane++)
+                for (int i = 0; i < 4; i++) {
+                    const int row = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2, tok = n / 4, k = n % 4;
+                    chunk_sum[lane][i] += d[lane][i];
+                    if (FORMAT == COLI_FMT_Q4) { /* a tile is one group of 32: check it, then weigh it */
+                        long long want = 0;
+                        for (int col = c * CC + 32 * m; k < DIGITS && col < c * CC + 32 * (m + 1); col++)
+                            want += (long long)w_value(row, col) * digit[((size_t)tok * cols + col) * DIGITS + k];
+                        EXPECT(d[lane][i] == want, "int4 chunk %d tile %d, row %d digit %d of token %d: %d, want %lld",
+                               c, m, row, k, tok, d[lane][i], want);
+                        acc[row][n] += (double)d[lane][i] * ex[(size_t)ex_at(tok, chunks, c)] *
+                                       scale[(size_t)row * (cols / 32) + c * 4 + m];
+                    }
+                }
+        }
+        if (FORMAT == COLI_FMT_Q8) /* the chunk's tiles together: W times each digit over its 64 columns */
+            for (int lane = 0; lane < 32; lane++)
+                for (int i = 0; i < 4; i++) {
+                    const int row = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2, tok = n / 4, k = n % 4;
+                    long long want = 0;
+                    for (int col = c * CC; k < DIGITS && col < (c + 1) * CC; col++)
+                        want += (long long)w_value(row, col) * digit[((size_t)tok * cols + col) * DIGITS + k];
+                    EXPECT(chunk_sum[lane][i] == want, "int8 chunk %d, row %d digit %d of token %d: %d, want %lld", c,
+                           row, k, tok, chunk_sum[lane][i], want);
+                    acc[row][n] += (double)chunk_sum[lane][i] * ex[(size_t)ex_at(tok, chunks, c)];
+                }
+    }
+    for (int row = 0; row < 16; row++)
+        for (int tok = 0; tok < s; tok++) {
+            double got = 65536.0 * acc[row][4 * tok] + 256.0 * acc[row][4 * tok + 1] + acc[row][4 * tok + 2], want = 0.0;
+            got *= FORMAT == COLI_FMT_Q8 ? 1.0 : 1.0 / 16;
+            double size = 0.0;
+            for (int col = 0; col < cols; col++) {
+                const double w = FORMAT == COLI_FMT_Q8 ? w_value(row, col) : w_value(row, col) / 16.0 * scale[(size_t)row * (cols / 32) + col / 32];
+                want += w * x[(size_t)tok * cols + col], size += fabs(w * x[(size_t)tok * cols + col]);
+            }
+            EXPECT(fabs(got - want) <= 1e-6 * size, "format %d, row %d token %d: %.9g, want %.9g", FORMAT, row, tok, got,
+                   want);
+        }
+}
+
+/* Rows through decode_kernel's reads: each lane's pieces, run by run (the last
+ * one narrower), against the digits where decode_unit put them. */
+template <int FORMAT> static void check_decode(int cols) {
+    constexpr int BITS = FORMAT == COLI_FMT_Q8 ? 8 : 4;
+    const int rows = 3, row_bytes = cols * BITS / 8, pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
+    const int32_t layout = FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0;
+    std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
+    for (uint8_t &b : abi) b = (uint8_t)(next_u32() >> 24);
+    if (FORMAT == COLI_FMT_Q4) mma_reorder(abi.data(), stored.data(), (int64_t)abi.size() / 4);
+    else stored = abi;
+    std::vector<float> x((size_t)cols), scale((size_t)rows * (FORMAT == COLI_FMT_Q8 ? 1 : cols / 32));
+    for (size_t i = 0; i < x.size(); i++) x[i] = next_x(i / 8 % 3 ? 1.0f : 1e-4f);
+    for (float &v : scale) v = 0.01f + 0.001f * (float)(next_u32() % 100);
+    std::vector<int> seen((size_t)pieces * 4, 0);
+    for (int64_t wn = 0; wn < pieces * 4; wn++) seen[(size_t)decode_unit(layout, wn, pieces)]++;
+    for (int v : seen) EXPECT(v == 1, "format %d, %d columns: decode_unit is not a permutation", FORMAT, cols);
+    std::vector<float4> units((size_t)cols / 4);
+    for (int g = 0; g < cols / 8; g++) {
+        float v[8];
+        for (int j = 0; j < 8; j++) v[j] = x[(size_t)8 * g + j];
+        decode_units<FORMAT>(v, g, cols, layout, units.data());
+    }
+    for (int row = 0; row < rows; row++) {
+        double got = 0.0, want = 0.0, size = 0.0;
+        for (int start = 0; start < pieces; start += 32) {
+            const int nb = pieces - start < 32 ? pieces - start : 32;
+            for (int lane = 0; lane < nb; lane++) {
+                int4 piece;
+                memcpy(&piece, &stored[(size_t)row * row_bytes + 16 * (start + lane)], 16);
+                for (int m = 0; m < 4; m++) {
+                    const size_t at = (size_t)start * 4 + m * nb + lane;
+                    float4 u[FORMAT == COLI_FMT_Q8 ? 1 : 2];
+                    u[0] = units[at];
+                    if (FORMAT == COLI_FMT_Q4) u[1] = units[(size_t)cols / 8 + at];
+                    const int dot = word_dot<FORMAT>(word_of(piece, m), u);
+                    got += FORMAT == COLI_FMT_Q8 ? (double)dot * u[0].w
+                                                 : (double)dot * u[FORMAT == COLI_FMT_Q8 ? 0 : 1].z *
+                                                       scale[(size_t)row * (cols / 32) + (start + lane) / 4 * 4 + m];
+                }
+            }
+        }
+        if (FORMAT == COLI_FMT_Q8) got *= scale[(size_t)row];
+        for (int col = 0; col < cols; col++) {
+            const int n = FORMAT == COLI_FMT_Q8 ? (signed char)abi[(size_t)row * row_bytes + col]
+                                                : (abi[(size_t)row * row_bytes + col / 2] >> 4 * (col % 2) & 15) - 8;
+            const double w = n * (double)scale[(size_t)row * (FORMAT == COLI_FMT_Q8 ? 1 : cols / 32) +
+                                              (FORMAT == COLI_FMT_Q8 ? 0 : col / 32)];
+            want += w * x[(size_t)col], size += fabs(w * x[(size_t)col]);
+        }
+        EXPECT(fabs(got - want) <= 1e-6 * size, "decode, format %d, %d columns, row %d: %.9g, want %.9g", FORMAT, cols,
+               row, got, want);
+    }
+}
+
+int main() {
+    check_digits();
+    check_layout();
+    check_block<COLI_FMT_Q8>(3);
+    check_block<COLI_FMT_Q4>(3);
+    check_decode<COLI_FMT_Q8>(16 * 45);  /* a run of 32 pieces and one of 13 */
+    check_decode<COLI_FMT_Q8>(16);       /* one piece */
+    check_decode<COLI_FMT_Q4>(128 * 17); /* two runs of 32 pieces and one of 4 */
+    printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
+    return failures != 0;
+}
