@@ -949,6 +949,8 @@ template <int FORMAT, int RB, int NS, int TP>
 static void launch_mma_pairs(const coli_weight *w, const float *dx, int64_t s, float *planes, float *dy,
                              cudaStream_t stream) {
     using shape = mma_shape<FORMAT, RB, NS, TP>;
+    /* the least shared memory a block may have among the targets: sm_86/89/120 99 KiB, AMD 64 KiB */
+    static_assert(shape::shared <= (COLI_HAS_PDL ? 99 : 64) * 1024, "an mma block's stages do not fit");
     const auto kernel = mma_kernel<FORMAT, RB, NS, TP>;
     static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
     if (shape::shared > 48 * 1024 && !raised)
@@ -1037,7 +1039,8 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
         }
     } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
         if constexpr (FORMAT != COLI_FMT_F32) {
-            if (FORMAT == COLI_FMT_Q8 ? s > 8 : s > 4 && s <= 16) launch_mma<FORMAT, 2, 4>(w, dx, s, planes, dy, stream);
+            constexpr int TALL = FORMAT == COLI_FMT_Q4 && !COLI_HAS_PDL ? 1 : 2; /* int4's 32 rows overfill AMD's 64 KiB */
+            if (FORMAT == COLI_FMT_Q8 ? s > 8 : s > 4 && s <= 16) launch_mma<FORMAT, TALL, 4>(w, dx, s, planes, dy, stream);
             else launch_mma<FORMAT, 1, 4>(w, dx, s, planes, dy, stream);
         }
     } else if (s > GEMV_MAX_S && w->cols % TILE_K == 0) {
