@@ -169,7 +169,7 @@ static void gemv_variant(const coli_weight *w, const float *dx, int64_t s, float
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
     GEMV(1, 2, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 2, 1),
-    DECODE(1, 4), DECODE(1, 8), DECODE(2, 2), DECODE(2, 4), DECODE(2, 6), DECODE(4, 1), DECODE(4, 2), MMA(1, 4, 1),
+    DECODE(1, 4), DECODE(1, 6), DECODE(2, 3), DECODE(2, 4), DECODE(3, 2), DECODE(4, 1), DECODE(4, 2), MMA(1, 4, 1),
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),

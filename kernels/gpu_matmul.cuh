@@ -996,7 +996,7 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): the
  *              decode kernel; int8 with 4 rows per warp and one run in flight
- *              when rows fill the GPU (8192 or more), else 1 row and 4 runs;
+ *              when rows fill the GPU (8192 or more), else 2 rows and 3 runs;
  *              int4 with 2 rows and 4 runs.
  *   int8, int4 S > 1 (int8 rows of whole chunks, int4 in the mma layout): the
  *              mma kernel, 16 rows per block (32 for int8 past 8 tokens and for
@@ -1033,7 +1033,7 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
     } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
         if constexpr (FORMAT == COLI_FMT_Q8) {
             if (w->rows >= 8192) launch_decode<FORMAT, 4, 1>(w, dx, planes, dy, stream);
-            else launch_decode<FORMAT, 1, 4>(w, dx, planes, dy, stream);
+            else launch_decode<FORMAT, 2, 3>(w, dx, planes, dy, stream);
         } else if constexpr (FORMAT == COLI_FMT_Q4) {
             launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
         }
