@@ -5,8 +5,9 @@
  * nibble; and the sums of one block as the mma kernel forms them (its prep, its
  * loads and operands, and the tensor cores' fragment layout as the PTX ISA gives
  * it, written out here) are the exact integer sums of W times each digit, a group
- * of 32 per int4 tile, and put together they are the dot product; and so are the
- * sums of rows read the way decode_kernel reads them. Exit 0 when all hold. */
+ * of 32 per int4 tile, and put together they are the dot product; so are the sums
+ * of rows read the way decode_kernel reads them; and an inf or NaN in x makes its
+ * sums NaN. Exit 0 when all hold. */
 #include "gpu_compat.h"
 #include "backend_common.h"
 #include "gpu_matmul.cuh"
@@ -251,8 +252,23 @@ template <int FORMAT> static void check_decode(int cols) {
     }
 }
 
+/* An inf or NaN in x makes its chunk's (mma) or run's (decode) E NaN, so the sums come out NaN. */
+static void check_not_finite() {
+    const float bad[8] = {1.0f, NAN, 0.0f, 2.0f, 0.0f, 0.0f, 0.0f, INFINITY};
+    std::vector<uint32_t> planes(1024);
+    std::vector<float> ex(16);
+    mma_prep_run<COLI_FMT_Q8>(bad, 2.0f, true, 0, 1, 0, 0, planes.data(), ex.data());
+    EXPECT(std::isnan(ex[0]), "mma: a chunk holding NaN or inf must have a NaN E");
+    float4 units[8] = {};
+    decode_units<COLI_FMT_Q8>(bad, 0, 16, 0, units);
+    EXPECT(std::isnan(units[0].w) && std::isnan(units[1].w), "decode: a run holding NaN or inf must have a NaN E");
+    decode_units<COLI_FMT_Q4>(bad, 0, 32, MMA_LAYOUT, units);
+    EXPECT(std::isnan(units[decode_unit(MMA_LAYOUT, 0, 1) + 4].z), "decode: int4's E must be NaN too");
+}
+
 int main() {
     check_digits();
+    check_not_finite();
     check_layout();
     check_block<COLI_FMT_Q8>(3);
     check_block<COLI_FMT_Q4>(3);
