@@ -152,6 +152,24 @@ __host__ __device__ inline void digits_of8(const float (&x)[8], int ex, int (&d)
     }
 }
 
+/* The largest finite |x| of 8 values; `bad` when one is inf or NaN (the sums must
+ * then come out NaN, not finite). */
+__host__ __device__ inline float finite_max8(const float (&v)[8], bool &bad) {
+    float m = 0.0f;
+    bad = false;
+    for (int j = 0; j < 8; j++) {
+        if (fabsf(v[j]) <= 3.4e38f) m = fmaxf(m, fabsf(v[j]));
+        else bad = true;
+    }
+    return m;
+}
+
+/* E * 2^-22 for values below 2^ex: NaN when they hold an inf or NaN, 0 when they
+ * are below 2^-127 (such values count as 0). */
+__host__ __device__ inline float digit_step(int ex, bool bad) {
+    return bad ? NAN : ex >= -104 ? pow2(ex - 22) : ldexpf(1.0f, ex - 22);
+}
+
 /* Where 8 columns' digits go: the chunk's run q of 8 columns is lane slot t's
  * mma tile m. Its two words are b0, b1 of that tile: int8, the run's first and
  * last 4 columns; int4, its even and its odd columns (as the nibbles lie). */
@@ -191,7 +209,7 @@ __host__ __device__ inline void mma_prep_run(const float (&v)[8], float m, bool 
         uint32_t *out = planes + plane_at<FORMAT>(tok, chunks, c, k, t) + 2 * tile;
         mma_pack<FORMAT>(d[k], out[0], out[1]);
     }
-    if (q == 0) ex[ex_at(tok, chunks, c)] = bad ? NAN : ex_m >= -104 ? pow2(ex_m - 22) : ldexpf(1.0f, ex_m - 22);
+    if (q == 0) ex[ex_at(tok, chunks, c)] = digit_step(ex_m, bad);
 }
 
 /* x (s tokens) -> digits and exponents, a thread per 8 columns; a chunk's threads
@@ -208,12 +226,9 @@ __global__ void __launch_bounds__(256) mma_prep_kernel(const float *__restrict__
         const float4 lo = __ldg((const float4 *)x + 2 * i), hi = __ldg((const float4 *)x + 2 * i + 1);
         v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
     }
-    float m = 0.0f;
-    int bad = 0;
-    for (int j = 0; j < 8; j++) {
-        if (fabsf(v[j]) <= 3.4e38f) m = fmaxf(m, fabsf(v[j]));
-        else bad = 1;
-    }
+    bool run_bad;
+    float m = finite_max8(v, run_bad);
+    int bad = run_bad;
 #pragma unroll
     for (int o = 1; o < RUNS; o <<= 1) m = fmaxf(m, COLI_SHFL_XOR(m, o)), bad |= COLI_SHFL_XOR(bad, o);
     if (!on) return; /* after the exchanges, which every lane joins */
@@ -482,31 +497,21 @@ __host__ __device__ inline int64_t decode_unit(int32_t layout, int64_t wn, int64
  * two halves of its word's 32 bytes, the second half `words` units after the first. */
 template <int FORMAT>
 __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
-    float m = 0.0f;
-    bool bad = false;
-    for (int j = 0; j < 8; j++) {
-        if (fabsf(v[j]) <= 3.4e38f) m = fmaxf(m, fabsf(v[j]));
-        else bad = true; /* inf or NaN: the sums must come out NaN, not finite */
-    }
+    bool bad;
     int ex = 0, d[DIGITS][8] = {};
-    (void)frexpf(m, &ex); /* m < 2^ex */
+    (void)frexpf(finite_max8(v, bad), &ex); /* the run's largest |x| < 2^ex */
     if (!bad) digits_of8(v, ex, d);
-    const float e = bad ? NAN : ex >= -104 ? pow2(ex - 22) : ldexpf(1.0f, ex - 22);
+    const float e = digit_step(ex, bad);
     const int64_t pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
+    uint32_t p[DIGITS][2]; /* int8: columns 0-3 and 4-7; int4: the even and the odd (as mma_pack lays them) */
+    for (int k = 0; k < DIGITS; k++) mma_pack<FORMAT>(d[k], p[k][0], p[k][1]);
     if (FORMAT == COLI_FMT_Q8) {
-        for (int h = 0; h < 2; h++) {
-            const int o = 4 * h;
+        for (int h = 0; h < 2; h++)
             out[decode_unit(layout, 2 * g + h, pieces)] =
-                make_float4(as_float(pack4(d[0][o], d[0][o + 1], d[0][o + 2], d[0][o + 3])),
-                            as_float(pack4(d[1][o], d[1][o + 1], d[1][o + 2], d[1][o + 3])),
-                            as_float(pack4(d[2][o], d[2][o + 1], d[2][o + 2], d[2][o + 3])), e);
-        }
+                make_float4(as_float(p[0][h]), as_float(p[1][h]), as_float(p[2][h]), e);
     } else {
-        uint32_t p[DIGITS][2];
         int sum = 0;
         for (int j = 0; j < 8; j++) sum += d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
-        for (int k = 0; k < DIGITS; k++)
-            for (int odd = 0; odd < 2; odd++) p[k][odd] = pack4(d[k][odd], d[k][2 + odd], d[k][4 + odd], d[k][6 + odd]);
         const int64_t u = decode_unit(layout, g, pieces);
         out[u] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]), as_float(p[1][1]));
         out[cols / 8 + u] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)(-8 * sum)));
