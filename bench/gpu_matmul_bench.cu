@@ -135,6 +135,41 @@ static double copy_kernel_gbps(size_t bytes) {
     return 2.0 * (double)(n * 16) / (us * 1e-6) / 1e9;
 }
 
+/* 16-byte reads, four in flight per thread, folded into one word a thread that
+ * is written only if it comes out to a value it never does: bytes read once. */
+__global__ void read_kernel(const int4 *__restrict__ src, size_t n, int *__restrict__ sink) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    int acc = 0;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const int4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
+                   d = __ldcs(src + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) acc ^= src[i].x ^ src[i].y ^ src[i].z ^ src[i].w;
+    if (acc == 0x7fffffff) *sink = acc;
+}
+
+/* The ceiling for a kernel that reads these bytes once: read_kernel over the same
+ * bytes, timed the same way. Bytes read per second. */
+static double read_kernel_gbps(size_t bytes) {
+    const size_t n = bytes / 16;
+    int copies = (int)((size_t)(512u << 20) / bytes) + 2;
+    std::vector<int4 *> src(copies);
+    int *sink;
+    CHECK(cudaMalloc((void **)&sink, 4));
+    for (int i = 0; i < copies; i++) {
+        CHECK(cudaMalloc((void **)&src[i], n * 16));
+        fill_bytes<<<1024, 256, 0, g_stream>>>((uint8_t *)src[i], n * 16, 3);
+    }
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const double us = time_graph([&](int i) { read_kernel<<<sms * 8, 256, 0, g_stream>>>(src[i % copies], n, sink); });
+    for (int i = 0; i < copies; i++) cudaFree(src[i]);
+    cudaFree(sink);
+    return (double)(n * 16) / (us * 1e-6) / 1e9;
+}
+
 typedef void (*launcher_fn)(const coli_weight *, const float *, int64_t, float *, cudaStream_t);
 
 struct variant {
@@ -155,6 +190,21 @@ static void decode_variant(const coli_weight *w, const float *dx, int64_t, float
     launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
 }
 
+template <int FORMAT, int R, int D>
+static void fused_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
+    if (w->cols <= FUSED_MAX_COLS) launch_decode_fused<FORMAT, R, D>(w, dx, dy, stream);
+    else launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
+}
+
+/* The kernels the backend picks, each call's first kernel launched after the
+ * last call has ended (COLI_GPU_CHAIN=0): a call alone, as before chaining. */
+static void unchained(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    const int chain = g_chain;
+    g_chain = 0;
+    (void)launch_matmul(w, dx, s, dy, stream, g_bench_planes);
+    g_chain = chain;
+}
+
 template <int R, int D, int T>
 static void gemv_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
     launch_gemv<R, D, T>(w, dx, s, dy, stream);
@@ -165,11 +215,15 @@ static void gemv_variant(const coli_weight *w, const float *dx, int64_t s, float
                         mma_variant<COLI_FMT_Q4, RB, NS>}
 #define DECODE(R, D) {"decode R" #R " D" #D, 1, nullptr, decode_variant<COLI_FMT_Q8, R, D>, \
                       decode_variant<COLI_FMT_Q4, R, D>}
+#define FUSED(R, D) {"decode fused R" #R " D" #D, 1, nullptr, fused_variant<COLI_FMT_Q8, R, D>, \
+                     fused_variant<COLI_FMT_Q4, R, D>}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
     GEMV(1, 2, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 2, 1),
-    DECODE(1, 4), DECODE(1, 6), DECODE(2, 3), DECODE(2, 4), DECODE(3, 2), DECODE(4, 1), DECODE(4, 2), MMA(1, 4, 1),
+    {"auto unchained", 1, unchained, unchained, unchained},
+    DECODE(1, 4), DECODE(2, 3), DECODE(2, 4), DECODE(4, 1), DECODE(4, 2),
+    FUSED(2, 3), FUSED(2, 4), FUSED(4, 2),
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),
@@ -240,6 +294,7 @@ int main(int argc, char **argv) {
             size_t qb, sb;
             coli_weight_sizes(&w, &qb, &sb);
             const double same_copy = profile ? 1.0 : copy_kernel_gbps(qb + sb);
+            const double same_read = profile ? 1.0 : read_kernel_gbps(qb + sb);
             int copies = (int)((size_t)(512u << 20) / qb) + 2; /* rotate over > 512 MiB: far beyond L2 */
             std::vector<coli_weight> ws(copies, w);
             for (int c = 0; c < copies; c++) {
@@ -279,11 +334,38 @@ int main(int argc, char **argv) {
                 const double gbps = bytes / (us * 1e-6) / 1e9;
                 printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"kernel\": \"%s\", "
                        "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"of_same_size_copy\": %.3f, "
-                       "\"tflops\": %.2f, \"rel_err\": %.2e, \"ok\": %s}\n",
+                       "\"of_same_size_read\": %.3f, \"tflops\": %.2f, \"rel_err\": %.2e, \"ok\": %s}\n",
                        (long long)w.rows, (long long)w.cols, (long long)s, names[fi], kernel, us, gbps, gbps / copy,
-                       gbps / same_copy, 2.0 * s * w.rows * w.cols / (us * 1e-6) / 1e12, err, ok ? "true" : "false");
+                       gbps / same_copy, gbps / same_read, 2.0 * s * w.rows * w.cols / (us * 1e-6) / 1e12, err, ok ? "true" : "false");
                 fflush(stdout);
             };
+            /* chained calls, each one's x the last one's y (square shapes): the early
+             * launches must wait for it; against the simple kernel's chain */
+            if (w.rows == w.cols && !profile)
+                for (int64_t s : {(int64_t)1, (int64_t)8}) {
+                    float *buf[2][2] = {{x, y}, {ref, planes}};
+                    float *scratch;
+                    CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));
+                    for (int simple = 1; simple >= 0; simple--) { /* the simple chain first: the other overwrites x */
+                        float *a = buf[simple][0], *b = buf[simple][1];
+                        if (simple) CHECK(cudaMemcpyAsync(a, x, (size_t)s * w.cols * 4, cudaMemcpyDeviceToDevice, g_stream));
+                        for (int step = 0; step < 8; step++) {
+                            if (simple) launch_simple_any(&ws[step % copies], a, s, b, g_stream);
+                            else CHECK(launch_matmul(&ws[step % copies], a, s, b, g_stream, scratch));
+                            std::swap(a, b);
+                        }
+                        buf[simple][0] = a;
+                    }
+                    CHECK(cudaStreamSynchronize(g_stream));
+                    const double err = rel_err(buf[0][0], buf[1][0], (size_t)s * w.rows);
+                    const bool ok = err <= 1e-4;
+                    failures += !ok;
+                    printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"check\": \"8 chained calls\", "
+                           "\"rel_err\": %.2e, \"ok\": %s}\n",
+                           (long long)w.rows, (long long)w.cols, (long long)s, names[fi], err, ok ? "true" : "false");
+                    cudaFree(scratch);
+                    fill_floats<<<1024, 256, 0, g_stream>>>(x, (size_t)smax * w.cols, 5 + fi, 1.0f, 0.0f); /* x again */
+                }
             for (int64_t s : sizes)
                 if (!profile || s == 1) report("auto", s, nullptr);
             for (const variant &v : VARIANTS)

@@ -26,14 +26,15 @@ def main(out: Path) -> int:
     f32 = {(r["rows"], r["cols"], r["s"]): r["us"] for r in torch if r["format"] == "torch-f32"}
     shapes = sorted({(r["rows"], r["cols"]) for r in rows}, key=lambda sh: (sh[0] * sh[1], sh))
     print(f"copy bandwidth {copy} GB/s (memcpy, 2 GiB); copy kernel, 1 GiB: {head.get('copy_kernel_1gib_gbps')} GB/s")
-    print("S = 1: us (of copy bandwidth / of a copy of the same bytes)")
-    print(f"{'shape':>13} " + " ".join(f"{f:>22}" for f in FORMATS) + f" {'torch f16':>10}")
+    print("S = 1: us (of copy bandwidth / of a copy of the same bytes / of a read of them)")
+    print(f"{'shape':>13} " + " ".join(f"{f:>26}" for f in FORMATS) + f" {'torch f16':>10}")
     for sh in shapes:
         cells = []
         for f in FORMATS:
             r = auto.get((*sh, 1, f))
-            cells.append(f"{r['us']:7.2f} ({r['of_copy']:.0%}/{r['of_same_size_copy']:.0%})" if r else "-")
-        print(f"{sh[0]:>6}x{sh[1]:<6} " + " ".join(f"{c:>22}" for c in cells) + f" {f16.get((*sh, 1), '-'):>10}")
+            read = f"/{r['of_same_size_read']:.0%}" if r and "of_same_size_read" in r else ""
+            cells.append(f"{r['us']:7.2f} ({r['of_copy']:.0%}/{r['of_same_size_copy']:.0%}{read})" if r else "-")
+        print(f"{sh[0]:>6}x{sh[1]:<6} " + " ".join(f"{c:>26}" for c in cells) + f" {f16.get((*sh, 1), '-'):>10}")
     print("variants, us (best marked *)")
     for sh in shapes:
         for f in FORMATS:

@@ -219,6 +219,7 @@ __global__ void __launch_bounds__(256) mma_prep_kernel(const float *__restrict__
                                                        uint32_t *__restrict__ planes, float *__restrict__ ex) {
     constexpr int RUNS = mma_fmt<FORMAT>::cols / 8; /* threads per chunk: 8 or 16, aligned in a warp */
     coli_allow_next_grid(); /* mma_kernel may start loading W now; it waits for this grid before x */
+    coli_wait_prior_grid(); /* launched early too (chained calls): x and `planes` are the last call's until here */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per_token = cols / 8;
     const bool on = i < s * per_token;
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -399,6 +400,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
                const uint32_t *__restrict__ planes, const float *__restrict__ ex, int64_t s, float *__restrict__ y) {
     using shape = mma_shape<FORMAT, RB, NS, TP>;
     extern __shared__ __align__(16) uint8_t shared[];
+    coli_allow_next_grid(); /* the next call's kernels may take free room from here on */
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, t = lane % 4;
     const int64_t row0 = (int64_t)blockIdx.x * shape::rows, pair0 = (int64_t)blockIdx.y * TP;
     const int64_t tok0 = 2 * pair0, valid = s - tok0 < 2 * TP ? s - tok0 : 2 * TP;
@@ -523,6 +525,7 @@ template <int FORMAT>
 __global__ void __launch_bounds__(256)
     decode_prep_kernel(const float *__restrict__ x, int64_t cols, int32_t layout, float4 *__restrict__ out) {
     coli_allow_next_grid(); /* decode_kernel may start loading W now; it waits for this grid before x */
+    coli_wait_prior_grid(); /* launched early too (chained calls): x and `out` are the last call's until here */
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= cols / 8) return;
     const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
@@ -568,15 +571,16 @@ __device__ inline void decode_load(decode_slot<FORMAT, R> &sl, const int4 *const
     }
 }
 
-/* A loaded run into the sums: xq points at this lane's units of the run. */
-template <int FORMAT, int R>
+/* A loaded run into the sums: xq points at this lane's units of the run (in
+ * global memory, or SHARED). */
+template <int FORMAT, int R, bool SHARED>
 __device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4 *xq, int64_t half, int nb,
                                   float (&acc)[R]) {
 #pragma unroll
     for (int m = 0; m < 4; m++) {
         float4 u[FORMAT == COLI_FMT_Q8 ? 1 : 2];
-        u[0] = __ldg(xq + m * nb);
-        if constexpr (FORMAT == COLI_FMT_Q4) u[1] = __ldg(xq + half + m * nb);
+        u[0] = SHARED ? xq[m * nb] : __ldg(xq + m * nb);
+        if constexpr (FORMAT == COLI_FMT_Q4) u[1] = SHARED ? xq[half + m * nb] : __ldg(xq + half + m * nb);
 #pragma unroll
         for (int k = 0; k < R; k++) {
             const float dot = (float)word_dot<FORMAT>(word_of(sl.w[k], m), u);
@@ -585,14 +589,20 @@ __device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4
     }
 }
 
-/* int8 in the ABI's order (cols % 16 == 0), int4 in the mma layout; x: decode_prep_kernel's units. */
-template <int FORMAT, int R, int D>
+/* int8 in the ABI's order (cols % 16 == 0), int4 in the mma layout. x: decode_prep_kernel's
+ * units in xq, or (FUSED) x itself, which each block cuts into units in its shared
+ * memory (cols * 4 bytes) once W's first runs are on their way: no prep kernel, and
+ * no wait for one between two calls. */
+template <int FORMAT, int R, int D, bool FUSED = false>
 __global__ void __launch_bounds__(256)
     decode_kernel(const int4 *__restrict__ q, const float *__restrict__ scale, int64_t rows, int pieces,
-                  const float4 *__restrict__ xq, float *__restrict__ y) {
+                  const float4 *__restrict__ xq, const float *__restrict__ x, float *__restrict__ y) {
+    extern __shared__ float4 units[]; /* FUSED */
+    coli_allow_next_grid();           /* the next call's kernels may take free room from here on */
     const int lane = threadIdx.x % WARP;
     const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP) * R;
-    if (r0 >= rows) return; /* no barrier follows: a whole warp leaves together */
+    const bool active = r0 < rows; /* a whole warp is in or out */
+    if (!FUSED && !active) return; /* no barrier follows */
     const int64_t half = (int64_t)pieces * 4; /* int4: where the units' second halves start */
     const int4 *w[R];
     const float *sr[R];
@@ -606,8 +616,19 @@ __global__ void __launch_bounds__(256)
     decode_slot<FORMAT, R> ring[D];
 #pragma unroll
     for (int d = 0; d < D; d++)
-        if (d * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, d * WARP, WARP, lane);
-    coli_wait_prior_grid(); /* W is on its way; x's units are ready from here on */
+        if (active && d * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, d * WARP, WARP, lane);
+    coli_wait_prior_grid(); /* W is on its way; x (or its units) is ready from here on */
+    if constexpr (FUSED) {
+        const int64_t cols = (int64_t)pieces * (FORMAT == COLI_FMT_Q8 ? 16 : 32);
+        for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x) {
+            const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
+            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            decode_units<FORMAT>(v, g, cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
+        }
+        __syncthreads();
+        if (!active) return;
+    }
+    const float4 *xs = FUSED ? units : xq;
     float acc[R];
 #pragma unroll
     for (int k = 0; k < R; k++) acc[k] = 0.0f;
@@ -616,13 +637,13 @@ __global__ void __launch_bounds__(256)
         for (int d = 0; d < D; d++) {
             const int start = run + d * WARP;
             if (start >= full) break;
-            decode_run<FORMAT, R>(ring[d], xq + start * 4 + lane, half, WARP, acc);
+            decode_run<FORMAT, R, FUSED>(ring[d], xs + start * 4 + lane, half, WARP, acc);
             if (start + D * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, start + D * WARP, WARP, lane);
         }
     const int nb = pieces - full; /* a row's last, narrower run */
     if (nb > 0) {
         decode_load<FORMAT, R>(ring[0], w, sr, full, nb, lane);
-        if (lane < nb) decode_run<FORMAT, R>(ring[0], xq + full * 4 + lane, half, nb, acc);
+        if (lane < nb) decode_run<FORMAT, R, FUSED>(ring[0], xs + full * 4 + lane, half, nb, acc);
     }
 #pragma unroll
     for (int k = 0; k < R; k++) {
@@ -915,37 +936,78 @@ static int cc_major(void) {
 }
 #endif
 
-/* Launches a kernel that may start while the one before it runs (sm_90), when it
- * waits for it before reading its output (coli_wait_prior_grid); elsewhere plainly. */
+/* Consecutive calls overlap (sm_90): every int8/int4 kernel allows the next
+ * grid to launch as soon as it starts, and every kernel launched early waits for
+ * the grid before it (coli_wait_prior_grid) before it reads x or writes what the
+ * last call reads; only W, which no kernel writes, is read before that. So the
+ * next call's W loads fill the room the last one's final blocks leave, as a
+ * decode step's matmuls follow one another. COLI_GPU_CHAIN=0 launches each call's
+ * first kernel after the last call has ended, as before (for comparisons). */
+static int g_chain = -1;
+static bool chain_calls(void) {
+    if (g_chain < 0) {
+        const char *v = getenv("COLI_GPU_CHAIN");
+        g_chain = !(v && strcmp(v, "0") == 0);
+    }
+    return g_chain != 0;
+}
+
+/* Launches a kernel that, when `early` (and on sm_90), may start while the one
+ * before it runs: it waits for that one before it reads its output
+ * (coli_wait_prior_grid). Otherwise plainly. */
 template <typename... Params, typename... Args>
-static void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
-                         Args... args) {
+static void launch_early(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                         cudaStream_t stream, Args... args) {
 #if COLI_HAS_PDL
-    if (cc_major() >= 9) {
+    if (early && cc_major() >= 9) {
         cudaLaunchConfig_t config = {};
-        cudaLaunchAttribute early;
-        early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        early.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
         config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = shared, config.stream = stream;
-        config.attrs = &early, config.numAttrs = 1;
+        config.attrs = &attr, config.numAttrs = 1;
         (void)cudaLaunchKernelEx(&config, kernel, ((Params)args)...);
         return;
     }
+#else
+    (void)early;
 #endif
     kernel<<<grid, block, shared, stream>>>(((Params)args)...);
+}
+
+template <int FORMAT> static int decode_pieces(const coli_weight *w) {
+    return (int)(w->cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32));
 }
 
 /* int8 and int4, S = 1: x's units into `planes` (cols floats), then decode_kernel. */
 template <int FORMAT, int R, int D>
 static void launch_decode(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
     const int64_t runs = w->cols / 8;
-    decode_prep_kernel<FORMAT><<<(unsigned)((runs + 255) / 256), 256, 0, stream>>>(dx, w->cols, w->layout,
-                                                                                   (float4 *)planes);
+    launch_early(chain_calls(), decode_prep_kernel<FORMAT>, dim3((unsigned)((runs + 255) / 256)), dim3(256), 0, stream,
+                 dx, w->cols, w->layout, (float4 *)planes);
     const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
     const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block));
-    launch_early(decode_kernel<FORMAT, R, D>, grid, dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
-                 (const float *)w->scale, (int64_t)w->rows, (int)(w->cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32)),
-                 (const float4 *)planes, dy);
+    launch_early(true, decode_kernel<FORMAT, R, D>, grid, dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
+                 (const float *)w->scale, (int64_t)w->rows, decode_pieces<FORMAT>(w), (const float4 *)planes,
+                 (const float *)nullptr, dy);
+}
+
+/* The same with x cut into units by each block (decode_kernel's FUSED), for rows
+ * whose units fit the default 48 KiB of shared memory (cols <= 12288). */
+#define FUSED_MAX_COLS (48 * 1024 / 4)
+/* Up to 4096 x 4096 a call is short enough that the prep kernel's own launch and
+ * the wait for it cost more than every block cutting x again (bench/RESULTS.md). */
+#ifndef FUSED_MAX_ELEMS
+#define FUSED_MAX_ELEMS ((int64_t)1 << 24)
+#endif
+template <int FORMAT, int R, int D>
+static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    const size_t shared = (size_t)w->cols * 4;
+    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block));
+    launch_early(chain_calls(), decode_kernel<FORMAT, R, D, true>, grid, dim3(GEMV_THREADS), shared, stream,
+                 (const int4 *)w->q, (const float *)w->scale, (int64_t)w->rows, decode_pieces<FORMAT>(w),
+                 (const float4 *)nullptr, dx, dy);
 }
 
 /* int8 and int4: x's digits into `planes` (device scratch of s * cols floats), then
@@ -965,9 +1027,10 @@ static void launch_mma_pairs(const coli_weight *w, const float *dx, int64_t s, f
     uint32_t *digits = (uint32_t *)planes;
     float *ex = (float *)((char *)planes + (size_t)s * DIGITS * (size_t)w->cols); /* after every token's digits */
     const int64_t threads = s * (w->cols / 8);
-    mma_prep_kernel<FORMAT><<<(unsigned)((threads + 255) / 256), 256, 0, stream>>>(dx, w->cols, s, digits, ex);
+    launch_early(chain_calls(), mma_prep_kernel<FORMAT>, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, stream,
+                 dx, w->cols, s, digits, ex);
     const dim3 grid((unsigned)((w->rows + shape::rows - 1) / shape::rows), (unsigned)((s + 2 * TP - 1) / (2 * TP)));
-    launch_early(kernel, grid, dim3(MMA_WARPS * WARP), shape::shared, stream, (const uint8_t *)w->q,
+    launch_early(true, kernel, grid, dim3(MMA_WARPS * WARP), shape::shared, stream, (const uint8_t *)w->q,
                  (const float *)w->scale, (int64_t)w->rows, chunks, (const uint32_t *)digits, (const float *)ex, s, dy);
 }
 
@@ -1000,9 +1063,11 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): the
- *              decode kernel; int8 with 4 rows per warp and one run in flight
- *              when rows fill the GPU (8192 or more), else 2 rows and 3 runs;
- *              int4 with 2 rows and 4 runs.
+ *              decode kernel; up to 4096 x 4096 with x cut by every block
+ *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
+ *              above, int8 with 4 rows per warp and one run in flight when rows
+ *              fill the GPU (8192 or more), else 2 rows and 3 runs; int4 with 2
+ *              rows and 4 runs.
  *   int8, int4 S > 1 (int8 rows of whole chunks, int4 in the mma layout): the
  *              mma kernel, 16 rows per block (32 for int8 past 8 tokens and for
  *              int4 from 5 to 16), 4 stages in flight.
@@ -1036,11 +1101,14 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
     if (simple) {
         launch_simple<FORMAT>(w, dx, s, dy, stream);
     } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
+        const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
         if constexpr (FORMAT == COLI_FMT_Q8) {
-            if (w->rows >= 8192) launch_decode<FORMAT, 4, 1>(w, dx, planes, dy, stream);
+            if (small) launch_decode_fused<FORMAT, 2, 4>(w, dx, dy, stream);
+            else if (w->rows >= 8192) launch_decode<FORMAT, 4, 1>(w, dx, planes, dy, stream);
             else launch_decode<FORMAT, 2, 3>(w, dx, planes, dy, stream);
         } else if constexpr (FORMAT == COLI_FMT_Q4) {
-            launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
+            if (small) launch_decode_fused<FORMAT, 2, 3>(w, dx, dy, stream);
+            else launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
         }
     } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
         if constexpr (FORMAT != COLI_FMT_F32) {

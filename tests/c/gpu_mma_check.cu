@@ -200,16 +200,18 @@ template <int FORMAT> static void check_block(int chunks) {
 
 /* Rows through decode_kernel's reads: each lane's pieces, run by run (the last
  * one narrower), against the digits where decode_unit put them. */
-template <int FORMAT> static void check_decode(int cols) {
+/* extreme: every value at its most negative and every x just below its E, where
+ * a word's sum comes nearest to int32's end. */
+template <int FORMAT> static void check_decode(int cols, bool extreme = false) {
     constexpr int BITS = FORMAT == COLI_FMT_Q8 ? 8 : 4;
     const int rows = 3, row_bytes = cols * BITS / 8, pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
     const int32_t layout = FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0;
     std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
-    for (uint8_t &b : abi) b = (uint8_t)(next_u32() >> 24);
+    for (uint8_t &b : abi) b = extreme ? (FORMAT == COLI_FMT_Q8 ? 0x80 : 0x00) : (uint8_t)(next_u32() >> 24);
     if (FORMAT == COLI_FMT_Q4) mma_reorder(abi.data(), stored.data(), (int64_t)abi.size() / 4);
     else stored = abi;
     std::vector<float> x((size_t)cols), scale((size_t)rows * (FORMAT == COLI_FMT_Q8 ? 1 : cols / 32));
-    for (size_t i = 0; i < x.size(); i++) x[i] = next_x(i / 8 % 3 ? 1.0f : 1e-4f);
+    for (size_t i = 0; i < x.size(); i++) x[i] = extreme ? -nextafterf(1.0f, 0.0f) : next_x(i / 8 % 3 ? 1.0f : 1e-4f);
     for (float &v : scale) v = 0.01f + 0.001f * (float)(next_u32() % 100);
     std::vector<int> seen((size_t)pieces * 4, 0);
     for (int64_t wn = 0; wn < pieces * 4; wn++) seen[(size_t)decode_unit(layout, wn, pieces)]++;
@@ -275,6 +277,8 @@ int main() {
     check_decode<COLI_FMT_Q8>(16 * 45);  /* a run of 32 pieces and one of 13 */
     check_decode<COLI_FMT_Q8>(16);       /* one piece */
     check_decode<COLI_FMT_Q4>(128 * 17); /* two runs of 32 pieces and one of 4 */
+    check_decode<COLI_FMT_Q8>(16 * 4, true);
+    check_decode<COLI_FMT_Q4>(128, true);
     printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
     return failures != 0;
 }
