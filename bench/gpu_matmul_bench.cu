@@ -185,9 +185,9 @@ static void mma_variant(const coli_weight *w, const float *dx, int64_t s, float 
     launch_mma<FORMAT, RB, NS>(w, dx, s, g_bench_planes, dy, stream);
 }
 
-template <int FORMAT, int R, int D>
+template <int FORMAT, int R, int D, int KS = 1>
 static void decode_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
+    launch_decode<FORMAT, R, D, KS>(w, dx, g_bench_planes, dy, stream);
 }
 
 template <int FORMAT, int R, int D>
@@ -215,6 +215,8 @@ static void gemv_variant(const coli_weight *w, const float *dx, int64_t s, float
                         mma_variant<COLI_FMT_Q4, RB, NS>}
 #define DECODE(R, D) {"decode R" #R " D" #D, 1, nullptr, decode_variant<COLI_FMT_Q8, R, D>, \
                       decode_variant<COLI_FMT_Q4, R, D>}
+#define DECODE_KS(R, D, KS) {"decode R" #R " D" #D " KS" #KS, 1, nullptr, decode_variant<COLI_FMT_Q8, R, D, KS>, \
+                             decode_variant<COLI_FMT_Q4, R, D, KS>}
 #define FUSED(R, D) {"decode fused R" #R " D" #D, 1, nullptr, fused_variant<COLI_FMT_Q8, R, D>, \
                      fused_variant<COLI_FMT_Q4, R, D>}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
@@ -224,6 +226,8 @@ static const variant VARIANTS[] = {
     {"auto unchained", 1, unchained, unchained, unchained},
     DECODE(1, 4), DECODE(2, 3), DECODE(2, 4), DECODE(4, 1), DECODE(4, 2),
     FUSED(2, 3), FUSED(2, 4), FUSED(4, 2),
+    DECODE_KS(2, 3, 2), DECODE_KS(2, 4, 2), DECODE_KS(2, 2, 2), DECODE_KS(4, 1, 2), DECODE_KS(4, 2, 2), DECODE_KS(4, 2, 4),
+    DECODE_KS(3, 2, 2),
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),
@@ -346,25 +350,34 @@ int main(int argc, char **argv) {
                     float *buf[2][2] = {{x, y}, {ref, planes}};
                     float *scratch;
                     CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));
-                    for (int simple = 1; simple >= 0; simple--) { /* the simple chain first: the other overwrites x */
-                        float *a = buf[simple][0], *b = buf[simple][1];
-                        if (simple) CHECK(cudaMemcpyAsync(a, x, (size_t)s * w.cols * 4, cudaMemcpyDeviceToDevice, g_stream));
-                        for (int step = 0; step < 8; step++) {
-                            if (simple) launch_simple_any(&ws[step % copies], a, s, b, g_stream);
-                            else CHECK(launch_matmul(&ws[step % copies], a, s, b, g_stream, scratch));
-                            std::swap(a, b);
+                    /* the kernels picked, and (int8, int4) the decode kernel with its own prep */
+                    for (int path = 0; path < (s == 1 && w.format != COLI_FMT_F32 ? 2 : 1); path++) {
+                        for (int simple = 1; simple >= 0; simple--) { /* the simple chain first: the other overwrites x */
+                            float *a = buf[simple][0], *b = buf[simple][1];
+                            if (simple) CHECK(cudaMemcpyAsync(a, x, (size_t)s * w.cols * 4, cudaMemcpyDeviceToDevice, g_stream));
+                            for (int step = 0; step < 8; step++) {
+                                const coli_weight *ww = &ws[step % copies];
+                                if (simple) launch_simple_any(ww, a, s, b, g_stream);
+                                else if (path == 0) CHECK(launch_matmul(ww, a, s, b, g_stream, scratch));
+                                else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);
+                                else launch_decode<COLI_FMT_Q4, 2, 4>(ww, a, scratch, b, g_stream);
+                                std::swap(a, b);
+                            }
+                            buf[simple][0] = a;
                         }
-                        buf[simple][0] = a;
+                        CHECK(cudaStreamSynchronize(g_stream));
+                        CHECK(cudaGetLastError());
+                        const double err = rel_err(buf[0][0], buf[1][0], (size_t)s * w.rows);
+                        const bool ok = err <= 1e-4;
+                        failures += !ok;
+                        printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"check\": \"8 chained calls%s\", "
+                               "\"rel_err\": %.2e, \"ok\": %s}\n",
+                               (long long)w.rows, (long long)w.cols, (long long)s, names[fi], path ? ", decode with its prep" : "",
+                               err, ok ? "true" : "false");
+                        fill_floats<<<1024, 256, 0, g_stream>>>(x, (size_t)smax * w.cols, 5 + fi, 1.0f, 0.0f); /* x again */
+                        buf[0][0] = x, buf[0][1] = y, buf[1][0] = ref, buf[1][1] = planes;
                     }
-                    CHECK(cudaStreamSynchronize(g_stream));
-                    const double err = rel_err(buf[0][0], buf[1][0], (size_t)s * w.rows);
-                    const bool ok = err <= 1e-4;
-                    failures += !ok;
-                    printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"check\": \"8 chained calls\", "
-                           "\"rel_err\": %.2e, \"ok\": %s}\n",
-                           (long long)w.rows, (long long)w.cols, (long long)s, names[fi], err, ok ? "true" : "false");
                     cudaFree(scratch);
-                    fill_floats<<<1024, 256, 0, g_stream>>>(x, (size_t)smax * w.cols, 5 + fi, 1.0f, 0.0f); /* x again */
                 }
             for (int64_t s : sizes)
                 if (!profile || s == 1) report("auto", s, nullptr);

@@ -474,8 +474,9 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
 /* ---- int8 and int4 at S = 1: decode_kernel ----------------------------------------
  * One token leaves the tensor cores' tiles mostly empty (3 of their 8 columns),
  * and mma_kernel's stages and barriers cost more than they save: at S = 1 a warp
- * owns R rows instead and reads them as 16-byte pieces, lane i piece i of each run
- * of 32, through a ring of D runs in flight (as gemv_kernel does for f32). x is cut
+ * owns R rows instead (or KS warps share them, each a KS-th of their runs) and
+ * reads them as 16-byte pieces, lane i piece i of each run of 32, through a ring
+ * of D runs in flight (as gemv_kernel does for f32). x is cut
  * per run of 8 columns into the same int8 digits (E per 8 columns), stored in the
  * order the lanes read them (decode_unit), so that a warp's x loads are side by
  * side whatever the weights' layout; a weight word meets them in dp4a, exactly:
@@ -593,16 +594,17 @@ __device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4
  * units in xq, or (FUSED) x itself, which each block cuts into units in its shared
  * memory (cols * 4 bytes) once W's first runs are on their way: no prep kernel, and
  * no wait for one between two calls. */
-template <int FORMAT, int R, int D, bool FUSED = false>
+template <int FORMAT, int R, int D, bool FUSED = false, int KS = 1>
 __global__ void __launch_bounds__(256)
     decode_kernel(const int4 *__restrict__ q, const float *__restrict__ scale, int64_t rows, int pieces,
                   const float4 *__restrict__ xq, const float *__restrict__ x, float *__restrict__ y) {
     extern __shared__ float4 units[]; /* FUSED */
-    coli_allow_next_grid();           /* the next call's kernels may take free room from here on */
-    const int lane = threadIdx.x % WARP;
-    const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP) * R;
-    const bool active = r0 < rows; /* a whole warp is in or out */
-    if (!FUSED && !active) return; /* no barrier follows */
+    __shared__ float part[KS > 1 ? 256 / WARP : 1][R]; /* KS > 1: each warp's sums */
+    coli_allow_next_grid(); /* the next call's kernels may take free room from here on */
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, slice = warp % KS;
+    const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / WARP / KS) + warp / KS) * R;
+    const bool active = r0 < rows;             /* a whole warp is in or out */
+    if (!FUSED && KS == 1 && !active) return; /* no barrier follows */
     const int64_t half = (int64_t)pieces * 4; /* int4: where the units' second halves start */
     const int4 *w[R];
     const float *sr[R];
@@ -613,10 +615,13 @@ __global__ void __launch_bounds__(256)
         sr[k] = scale + row * pieces; /* int4: a scale per 32 columns, i.e. per piece */
     }
     const int full = pieces / WARP * WARP; /* pieces in whole runs of 32 */
+    /* KS warps share the rows: slice k takes the k-th KS-th of the whole runs, the last one the rest */
+    const int per = (full / WARP + KS - 1) / KS * WARP, first = slice * per;
+    const int last = KS == 1 ? full : first + per < full ? first + per : full;
     decode_slot<FORMAT, R> ring[D];
 #pragma unroll
     for (int d = 0; d < D; d++)
-        if (active && d * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, d * WARP, WARP, lane);
+        if (active && first + d * WARP < last) decode_load<FORMAT, R>(ring[d], w, sr, first + d * WARP, WARP, lane);
     coli_wait_prior_grid(); /* W is on its way; x (or its units) is ready from here on */
     if constexpr (FUSED) {
         const int64_t cols = (int64_t)pieces * (FORMAT == COLI_FMT_Q8 ? 16 : 32);
@@ -632,24 +637,34 @@ __global__ void __launch_bounds__(256)
     float acc[R];
 #pragma unroll
     for (int k = 0; k < R; k++) acc[k] = 0.0f;
-    for (int run = 0; run < full; run += D * WARP)
+    if (active) {
+        for (int run = first; run < last; run += D * WARP)
 #pragma unroll
-        for (int d = 0; d < D; d++) {
-            const int start = run + d * WARP;
-            if (start >= full) break;
-            decode_run<FORMAT, R, FUSED>(ring[d], xs + start * 4 + lane, half, WARP, acc);
-            if (start + D * WARP < full) decode_load<FORMAT, R>(ring[d], w, sr, start + D * WARP, WARP, lane);
+            for (int d = 0; d < D; d++) {
+                const int start = run + d * WARP;
+                if (start >= last) break;
+                decode_run<FORMAT, R, FUSED>(ring[d], xs + start * 4 + lane, half, WARP, acc);
+                if (start + D * WARP < last) decode_load<FORMAT, R>(ring[d], w, sr, start + D * WARP, WARP, lane);
+            }
+        const int nb = pieces - full; /* a row's last, narrower run */
+        if (nb > 0 && slice == KS - 1) {
+            decode_load<FORMAT, R>(ring[0], w, sr, full, nb, lane);
+            if (lane < nb) decode_run<FORMAT, R, FUSED>(ring[0], xs + full * 4 + lane, half, nb, acc);
         }
-    const int nb = pieces - full; /* a row's last, narrower run */
-    if (nb > 0) {
-        decode_load<FORMAT, R>(ring[0], w, sr, full, nb, lane);
-        if (lane < nb) decode_run<FORMAT, R, FUSED>(ring[0], xs + full * 4 + lane, half, nb, acc);
     }
 #pragma unroll
     for (int k = 0; k < R; k++) {
         float v = acc[k];
 #pragma unroll
         for (int o = WARP / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+        if constexpr (KS > 1) { /* the slices' sums meet in shared memory, in a fixed order */
+            if (lane == 0) part[warp][k] = v;
+            __syncthreads();
+            if (slice != 0) continue;
+            v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KS; j++) v += part[warp + j][k];
+        }
         if (lane == 0 && r0 + k < rows) y[r0 + k] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + k] : v;
     }
 }
@@ -979,15 +994,16 @@ template <int FORMAT> static int decode_pieces(const coli_weight *w) {
     return (int)(w->cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32));
 }
 
-/* int8 and int4, S = 1: x's units into `planes` (cols floats), then decode_kernel. */
-template <int FORMAT, int R, int D>
+/* int8 and int4, S = 1: x's units into `planes` (cols floats), then decode_kernel
+ * (KS warps to a group of R rows). */
+template <int FORMAT, int R, int D, int KS = 1>
 static void launch_decode(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
     const int64_t runs = w->cols / 8;
     launch_early(chain_calls(), decode_prep_kernel<FORMAT>, dim3((unsigned)((runs + 255) / 256)), dim3(256), 0, stream,
                  dx, w->cols, w->layout, (float4 *)planes);
-    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
+    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP / KS) * R;
     const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block));
-    launch_early(true, decode_kernel<FORMAT, R, D>, grid, dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
+    launch_early(true, decode_kernel<FORMAT, R, D, false, KS>, grid, dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
                  (const float *)w->scale, (int64_t)w->rows, decode_pieces<FORMAT>(w), (const float4 *)planes,
                  (const float *)nullptr, dy);
 }
@@ -1065,9 +1081,9 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): the
  *              decode kernel; up to 4096 x 4096 with x cut by every block
  *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
- *              above, int8 with 4 rows per warp and one run in flight when rows
- *              fill the GPU (8192 or more), else 2 rows and 3 runs; int4 with 2
- *              rows and 4 runs.
+ *              above, int8 with 2 warps to a group of rows, 4 rows and one run
+ *              in flight when rows fill the GPU (8192 or more), else 2 rows and
+ *              2 runs; int4 a warp to 2 rows and 4 runs.
  *   int8, int4 S > 1 (int8 rows of whole chunks, int4 in the mma layout): the
  *              mma kernel, 16 rows per block (32 for int8 past 8 tokens and for
  *              int4 from 5 to 16), 4 stages in flight.
@@ -1104,8 +1120,8 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
         const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
         if constexpr (FORMAT == COLI_FMT_Q8) {
             if (small) launch_decode_fused<FORMAT, 2, 4>(w, dx, dy, stream);
-            else if (w->rows >= 8192) launch_decode<FORMAT, 4, 1>(w, dx, planes, dy, stream);
-            else launch_decode<FORMAT, 2, 3>(w, dx, planes, dy, stream);
+            else if (w->rows >= 8192) launch_decode<FORMAT, 4, 1, 2>(w, dx, planes, dy, stream);
+            else launch_decode<FORMAT, 2, 2, 2>(w, dx, planes, dy, stream);
         } else if constexpr (FORMAT == COLI_FMT_Q4) {
             if (small) launch_decode_fused<FORMAT, 2, 3>(w, dx, dy, stream);
             else launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
