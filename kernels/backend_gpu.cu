@@ -10,6 +10,8 @@ static coli_table g_tensors = {COLI_GPU_TAG, NULL, 0, 0, 0};
 static int g_ready = 0;
 static float *g_x = NULL, *g_y = NULL, *g_planes = NULL; /* device scratch for activations */
 static size_t g_x_cap = 0, g_y_cap = 0, g_planes_cap = 0;
+static float *g_hx = NULL, *g_hy = NULL; /* page-locked host copies of x and y */
+static size_t g_hx_cap = 0, g_hy_cap = 0;
 
 #define GPU_CHECK(call)                                                                          \
     do {                                                                                         \
@@ -58,8 +60,10 @@ COLI_API coli_status coli_backend_shutdown(void) {
     if (g_x) (void)cudaFree(g_x);
     if (g_y) (void)cudaFree(g_y);
     if (g_planes) (void)cudaFree(g_planes);
-    g_x = g_y = g_planes = NULL;
-    g_x_cap = g_y_cap = g_planes_cap = 0;
+    if (g_hx) (void)cudaFreeHost(g_hx);
+    if (g_hy) (void)cudaFreeHost(g_hy);
+    g_x = g_y = g_planes = g_hx = g_hy = NULL;
+    g_x_cap = g_y_cap = g_planes_cap = g_hx_cap = g_hy_cap = 0;
     g_ready = 0;
     return COLI_OK;
 }
@@ -181,6 +185,24 @@ static coli_status grow(float **buf, size_t *cap, size_t need) {
     return COLI_OK;
 }
 
+/* Page-locked host memory for a call's copies of x and y: the copies are then
+ * queued with the kernels and the call waits once, instead of twice on copies
+ * the driver stages itself. false (nothing kept) when none can be had: the call
+ * then copies from and to the caller's memory directly. */
+static bool grow_pinned(float **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    if (*buf) (void)cudaFreeHost(*buf);
+    *buf = NULL;
+    *cap = 0;
+    if (cudaMallocHost((void **)buf, need) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *buf = NULL;
+        return false;
+    }
+    *cap = need;
+    return true;
+}
+
 COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, int64_t in_features, float *y) {
     coli_weight *w = NULL;
     coli_status st;
@@ -194,9 +216,21 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
     if ((st = grow(&g_x, &g_x_cap, xb)) || (st = grow(&g_y, &g_y_cap, yb))) return st;
     const bool digits = w->format != COLI_FMT_F32; /* x's digits for the int8/int4 kernels */
     if (digits && (st = grow(&g_planes, &g_planes_cap, xb))) return st;
-    GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
+    const bool pinned = grow_pinned(&g_hx, &g_hx_cap, xb) && grow_pinned(&g_hy, &g_hy_cap, yb);
+    if (pinned) {
+        memcpy(g_hx, x, xb);
+        GPU_CHECK(cudaMemcpyAsync(g_x, g_hx, xb, cudaMemcpyHostToDevice, 0));
+    } else {
+        GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
+    }
     GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0, digits ? g_planes : NULL));
-    GPU_CHECK(cudaMemcpy(y, g_y, yb, cudaMemcpyDeviceToHost));
+    if (pinned) {
+        GPU_CHECK(cudaMemcpyAsync(g_hy, g_y, yb, cudaMemcpyDeviceToHost, 0));
+        GPU_CHECK(cudaStreamSynchronize(0)); /* reports a kernel's failure, as the copy did */
+        memcpy(y, g_hy, yb);
+    } else {
+        GPU_CHECK(cudaMemcpy(y, g_y, yb, cudaMemcpyDeviceToHost));
+    }
     return COLI_OK;
 }
 

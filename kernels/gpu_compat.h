@@ -23,6 +23,10 @@
 #define cudaMemcpy hipMemcpy
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
 #define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaMallocHost(p, n) hipHostMalloc((p), (n), 0)
+#define cudaFreeHost hipHostFree
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaGetDevice hipGetDevice
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
