@@ -590,6 +590,14 @@ __device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4
     }
 }
 
+/* The pieces [first, last) that slice `slice` of KS takes of a row's `full` pieces in
+ * whole runs of 32: the k-th KS-th of the runs (rounded up), the last slice the rest. */
+__host__ __device__ inline void decode_slice(int full, int ks, int slice, int &first, int &last) {
+    const int per = (full / WARP + ks - 1) / ks * WARP;
+    first = slice * per;
+    last = ks == 1 ? full : first + per < full ? first + per : full;
+}
+
 /* int8 in the ABI's order (cols % 16 == 0), int4 in the mma layout. x: decode_prep_kernel's
  * units in xq, or (FUSED) x itself, which each block cuts into units in its shared
  * memory (cols * 4 bytes) once W's first runs are on their way: no prep kernel, and
@@ -615,9 +623,8 @@ __global__ void __launch_bounds__(256)
         sr[k] = scale + row * pieces; /* int4: a scale per 32 columns, i.e. per piece */
     }
     const int full = pieces / WARP * WARP; /* pieces in whole runs of 32 */
-    /* KS warps share the rows: slice k takes the k-th KS-th of the whole runs, the last one the rest */
-    const int per = (full / WARP + KS - 1) / KS * WARP, first = slice * per;
-    const int last = KS == 1 ? full : first + per < full ? first + per : full;
+    int first, last;
+    decode_slice(full, KS, slice, first, last);
     decode_slot<FORMAT, R> ring[D];
 #pragma unroll
     for (int d = 0; d < D; d++)

@@ -6,8 +6,8 @@
  * loads and operands, and the tensor cores' fragment layout as the PTX ISA gives
  * it, written out here) are the exact integer sums of W times each digit, a group
  * of 32 per int4 tile, and put together they are the dot product; so are the sums
- * of rows read the way decode_kernel reads them; and an inf or NaN in x makes its
- * sums NaN. Exit 0 when all hold. */
+ * of rows read the way decode_kernel reads them; KS warps sharing rows take each
+ * whole run once; and an inf or NaN in x makes its sums NaN. Exit 0 when all hold. */
 #include "gpu_compat.h"
 #include "backend_common.h"
 #include "gpu_matmul.cuh"
@@ -254,6 +254,25 @@ template <int FORMAT> static void check_decode(int cols, bool extreme = false) {
     }
 }
 
+/* KS warps sharing rows (decode_slice): their pieces are whole runs of 32, in
+ * order, each taken once, all of the row's whole runs taken. */
+static void check_slices() {
+    for (int runs = 0; runs <= 50; runs++)
+        for (int ks : {1, 2, 3, 4, 8}) {
+            int next = 0;
+            for (int slice = 0; slice < ks; slice++) {
+                int first, last;
+                decode_slice(runs * WARP, ks, slice, first, last);
+                if (first >= last) continue; /* nothing for this slice */
+                EXPECT(first == next && first % WARP == 0 && last % WARP == 0,
+                       "decode_slice: %d runs, %d slices, slice %d takes [%d, %d) after %d", runs, ks, slice, first, last,
+                       next);
+                next = last;
+            }
+            EXPECT(next == runs * WARP, "decode_slice: %d runs, %d slices: %d pieces taken", runs, ks, next);
+        }
+}
+
 /* An inf or NaN in x makes its chunk's (mma) or run's (decode) E NaN, so the sums come out NaN. */
 static void check_not_finite() {
     const float bad[8] = {1.0f, NAN, 0.0f, 2.0f, 0.0f, 0.0f, 0.0f, INFINITY};
@@ -271,6 +290,7 @@ static void check_not_finite() {
 int main() {
     check_digits();
     check_not_finite();
+    check_slices();
     check_layout();
     check_block<COLI_FMT_Q8>(3);
     check_block<COLI_FMT_Q4>(3);
