@@ -103,6 +103,16 @@ static double memcpy_gbps() {
     return 2.0 * (double)n * 10 / (ms * 1e-3) / 1e9;
 }
 
+/* Copies of `bytes` filled with bytes, enough to rotate over more than L2 holds. */
+static std::vector<int4 *> rotating_buffers(size_t bytes) {
+    std::vector<int4 *> bufs((size_t)((512u << 20) / bytes) + 2);
+    for (int4 *&b : bufs) {
+        CHECK(cudaMalloc((void **)&b, bytes));
+        fill_bytes<<<1024, 256, 0, g_stream>>>((uint8_t *)b, bytes, 3);
+    }
+    return bufs;
+}
+
 /* 16-byte copies, four in flight per thread */
 __global__ void copy_kernel(const int4 *__restrict__ src, int4 *__restrict__ dst, size_t n) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -119,13 +129,8 @@ __global__ void copy_kernel(const int4 *__restrict__ src, int4 *__restrict__ dst
  * costs are in both. Bytes read plus written per second. */
 static double copy_kernel_gbps(size_t bytes) {
     const size_t n = bytes / 16;
-    int copies = (int)((size_t)(512u << 20) / bytes) + 2;
-    std::vector<int4 *> src(copies), dst(copies);
-    for (int i = 0; i < copies; i++) {
-        CHECK(cudaMalloc((void **)&src[i], n * 16));
-        CHECK(cudaMalloc((void **)&dst[i], n * 16));
-        fill_bytes<<<1024, 256, 0, g_stream>>>((uint8_t *)src[i], n * 16, 3);
-    }
+    std::vector<int4 *> src = rotating_buffers(n * 16), dst = rotating_buffers(n * 16);
+    const int copies = (int)src.size();
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const double us = time_graph([&](int i) {
@@ -154,14 +159,10 @@ __global__ void read_kernel(const int4 *__restrict__ src, size_t n, int *__restr
  * bytes, timed the same way. Bytes read per second. */
 static double read_kernel_gbps(size_t bytes) {
     const size_t n = bytes / 16;
-    int copies = (int)((size_t)(512u << 20) / bytes) + 2;
-    std::vector<int4 *> src(copies);
+    std::vector<int4 *> src = rotating_buffers(n * 16);
+    const int copies = (int)src.size();
     int *sink;
     CHECK(cudaMalloc((void **)&sink, 4));
-    for (int i = 0; i < copies; i++) {
-        CHECK(cudaMalloc((void **)&src[i], n * 16));
-        fill_bytes<<<1024, 256, 0, g_stream>>>((uint8_t *)src[i], n * 16, 3);
-    }
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const double us = time_graph([&](int i) { read_kernel<<<sms * 8, 256, 0, g_stream>>>(src[i % copies], n, sink); });

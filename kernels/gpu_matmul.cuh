@@ -521,6 +521,15 @@ __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int
     }
 }
 
+/* x's run of 8 columns g (read from x) -> its units. */
+template <int FORMAT>
+__device__ inline void decode_prep_run(const float *__restrict__ x, int64_t g, int64_t cols, int32_t layout,
+                                       float4 *out) {
+    const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    decode_units<FORMAT>(v, g, cols, layout, out);
+}
+
 /* x's digits for decode_kernel, a thread per 8 columns (cols % 8 == 0). */
 template <int FORMAT>
 __global__ void __launch_bounds__(256)
@@ -528,10 +537,7 @@ __global__ void __launch_bounds__(256)
     coli_allow_next_grid(); /* decode_kernel may start loading W now; it waits for this grid before x */
     coli_wait_prior_grid(); /* launched early too (chained calls): x and `out` are the last call's until here */
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= cols / 8) return;
-    const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    decode_units<FORMAT>(v, g, cols, layout, out);
+    if (g < cols / 8) decode_prep_run<FORMAT>(x, g, cols, layout, out);
 }
 
 /* One weight word against its units (int4: the word's two halves): the exact
@@ -632,11 +638,8 @@ __global__ void __launch_bounds__(256)
     coli_wait_prior_grid(); /* W is on its way; x (or its units) is ready from here on */
     if constexpr (FUSED) {
         const int64_t cols = (int64_t)pieces * (FORMAT == COLI_FMT_Q8 ? 16 : 32);
-        for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x) {
-            const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
-            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            decode_units<FORMAT>(v, g, cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
-        }
+        for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x)
+            decode_prep_run<FORMAT>(x, g, cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
         __syncthreads();
         if (!active) return;
     }
@@ -1001,6 +1004,12 @@ template <int FORMAT> static int decode_pieces(const coli_weight *w) {
     return (int)(w->cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32));
 }
 
+/* decode_kernel's blocks: 8 warps, KS of them to each group of R rows. */
+static dim3 decode_grid(const coli_weight *w, int r, int ks) {
+    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP / ks) * r;
+    return dim3((unsigned)((w->rows + per_block - 1) / per_block));
+}
+
 /* int8 and int4, S = 1: x's units into `planes` (cols floats), then decode_kernel
  * (KS warps to a group of R rows). */
 template <int FORMAT, int R, int D, int KS = 1>
@@ -1008,9 +1017,7 @@ static void launch_decode(const coli_weight *w, const float *dx, float *planes, 
     const int64_t runs = w->cols / 8;
     launch_early(chain_calls(), decode_prep_kernel<FORMAT>, dim3((unsigned)((runs + 255) / 256)), dim3(256), 0, stream,
                  dx, w->cols, w->layout, (float4 *)planes);
-    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP / KS) * R;
-    const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block));
-    launch_early(true, decode_kernel<FORMAT, R, D, false, KS>, grid, dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
+    launch_early(true, decode_kernel<FORMAT, R, D, false, KS>, decode_grid(w, R, KS), dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
                  (const float *)w->scale, (int64_t)w->rows, decode_pieces<FORMAT>(w), (const float4 *)planes,
                  (const float *)nullptr, dy);
 }
@@ -1026,9 +1033,7 @@ static void launch_decode(const coli_weight *w, const float *dx, float *planes, 
 template <int FORMAT, int R, int D>
 static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     const size_t shared = (size_t)w->cols * 4;
-    const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
-    const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block));
-    launch_early(chain_calls(), decode_kernel<FORMAT, R, D, true>, grid, dim3(GEMV_THREADS), shared, stream,
+    launch_early(chain_calls(), decode_kernel<FORMAT, R, D, true>, decode_grid(w, R, 1), dim3(GEMV_THREADS), shared, stream,
                  (const int4 *)w->q, (const float *)w->scale, (int64_t)w->rows, decode_pieces<FORMAT>(w),
                  (const float4 *)nullptr, dx, dy);
 }

@@ -199,9 +199,9 @@ template <int FORMAT> static void check_block(int chunks) {
 }
 
 /* Rows through decode_kernel's reads: each lane's pieces, run by run (the last
- * one narrower), against the digits where decode_unit put them. */
-/* extreme: every value at its most negative and every x just below its E, where
- * a word's sum comes nearest to int32's end. */
+ * one narrower), against the digits where decode_unit put them. extreme: every
+ * value at its most negative and every x just below its E, where a word's sum
+ * comes nearest to int32's end. */
 template <int FORMAT> static void check_decode(int cols, bool extreme = false) {
     constexpr int BITS = FORMAT == COLI_FMT_Q8 ? 8 : 4;
     const int rows = 3, row_bytes = cols * BITS / 8, pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
