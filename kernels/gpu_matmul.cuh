@@ -47,6 +47,13 @@ __device__ inline void dequant_q4(uint32_t word, float (&v)[8]) {
     }
 }
 
+/* The sum of v over a warp's lanes, in every lane (the same order in each). */
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+    return v;
+}
+
 /* Values in one 32-bit word, per format. */
 template <int FORMAT> struct fmt {
     static constexpr int per_word = FORMAT == COLI_FMT_F32 ? 1 : FORMAT == COLI_FMT_Q8 ? 4 : 8;
@@ -664,9 +671,7 @@ __global__ void __launch_bounds__(256)
     }
 #pragma unroll
     for (int k = 0; k < R; k++) {
-        float v = acc[k];
-#pragma unroll
-        for (int o = WARP / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+        float v = warp_sum(acc[k]);
         if constexpr (KS > 1) { /* the slices' sums meet in shared memory, in a fixed order */
             if (lane == 0) part[warp][k] = v;
             __syncthreads();
@@ -677,6 +682,71 @@ __global__ void __launch_bounds__(256)
         }
         if (lane == 0 && r0 + k < rows) y[r0 + k] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + k] : v;
     }
+}
+
+/* decode_kernel's warps, when a weight has more groups of R rows than the GPU holds
+ * warps at once, each take one group and end: a warp's loads all go out at its
+ * start, and while it does its arithmetic no loads of its own are in flight. Here
+ * a warp takes `per` consecutive groups instead, and its ring runs on from one
+ * group's runs into the next one's, so its loads stay in flight across the
+ * groups. The launch sizes `per` so that the warps fit the GPU at once; where
+ * that is one group a warp, decode_kernel is taken instead (it holds 4 runs in
+ * flight in the same registers). x: decode_prep_kernel's units; rows whole runs
+ * of 32 pieces. */
+template <int FORMAT, int R, int D>
+__global__ void __launch_bounds__(256)
+    decode_walk_kernel(const int4 *__restrict__ q, const float *__restrict__ scale, int64_t rows, int pieces,
+                       const float4 *__restrict__ xq, float *__restrict__ y, int per) {
+    coli_allow_next_grid(); /* the next call's kernels may take free room from here on */
+    const int lane = threadIdx.x % WARP;
+    const int64_t groups = (rows + R - 1) / R;
+    const int64_t g0 = ((int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP) * per;
+    if (g0 >= groups) return; /* no barrier follows */
+    const int runs = pieces / WARP, half = pieces * 4;
+    const int64_t items = ((g0 + per < groups ? g0 + per : groups) - g0) * runs; /* (group, run) pairs */
+    const int4 *w[R];
+    const float *sr[R];
+    auto point = [&](int64_t g) { /* rows past the end re-read the last one; their sums are dropped */
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const int64_t row = g * R + k < rows ? g * R + k : rows - 1;
+            w[k] = q + row * pieces;
+            sr[k] = scale + row * pieces;
+        }
+    };
+    int64_t lg = g0; /* the next load: run lr of group lg */
+    int lr = 0;
+    auto load_next = [&](decode_slot<FORMAT, R> &sl) {
+        decode_load<FORMAT, R>(sl, w, sr, lr * WARP, WARP, lane);
+        if (++lr == runs) lr = 0, point(++lg);
+    };
+    point(lg);
+    decode_slot<FORMAT, R> ring[D];
+#pragma unroll
+    for (int d = 0; d < D; d++)
+        if (d < items) load_next(ring[d]);
+    coli_wait_prior_grid(); /* W is on its way; x's units are ready from here on */
+    float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) acc[k] = 0.0f;
+    int64_t cg = g0; /* the next sums: run cr of group cg */
+    int cr = 0;
+    for (int64_t i = 0; i < items; i += D)
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            if (i + d >= items) break;
+            decode_run<FORMAT, R, false>(ring[d], xq + cr * WARP * 4 + lane, half, WARP, acc);
+            if (i + d + D < items) load_next(ring[d]);
+            if (++cr < runs) continue;
+#pragma unroll
+            for (int k = 0; k < R; k++) { /* group cg is done */
+                const float v = warp_sum(acc[k]);
+                const int64_t row = cg * R + k;
+                if (lane == 0 && row < rows) y[row] = FORMAT == COLI_FMT_Q8 ? v * scale[row] : v;
+                acc[k] = 0.0f;
+            }
+            cr = 0, cg++;
+        }
 }
 
 /* ---- f32, S <= 16: a warp owns R rows and T tokens -----------------------------------
@@ -751,9 +821,7 @@ __global__ void __launch_bounds__(256)
     for (int k = 0; k < R; k++)
 #pragma unroll
         for (int t = 0; t < T; t++) {
-            float v = acc[k][t];
-#pragma unroll
-            for (int o = WARP / 2; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+            const float v = warp_sum(acc[k][t]);
             if (lane == 0 && r0 + k < rows && t < nt) y[(t0 + t) * rows + r0 + k] = v;
         }
 }
@@ -1010,16 +1078,44 @@ static dim3 decode_grid(const coli_weight *w, int r, int ks) {
     return dim3((unsigned)((w->rows + per_block - 1) / per_block));
 }
 
-/* int8 and int4, S = 1: x's units into `planes` (cols floats), then decode_kernel
- * (KS warps to a group of R rows). */
-template <int FORMAT, int R, int D, int KS = 1>
-static void launch_decode(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+/* x's units for decode_kernel and decode_walk_kernel into `planes` (cols floats). */
+template <int FORMAT> static void launch_decode_prep(const coli_weight *w, const float *dx, float *planes, cudaStream_t stream) {
     const int64_t runs = w->cols / 8;
     launch_early(chain_calls(), decode_prep_kernel<FORMAT>, dim3((unsigned)((runs + 255) / 256)), dim3(256), 0, stream,
                  dx, w->cols, w->layout, (float4 *)planes);
+}
+
+/* int8 and int4, S = 1: x's units, then decode_kernel (KS warps to a group of R rows). */
+template <int FORMAT, int R, int D, int KS = 1>
+static void launch_decode(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+    launch_decode_prep<FORMAT>(w, dx, planes, stream);
     launch_early(true, decode_kernel<FORMAT, R, D, false, KS>, decode_grid(w, R, KS), dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q,
                  (const float *)w->scale, (int64_t)w->rows, decode_pieces<FORMAT>(w), (const float4 *)planes,
                  (const float *)nullptr, dy);
+}
+
+/* The groups of R rows each of decode_walk_kernel's warps takes: an equal share,
+ * with as many warps as the GPU holds at once. */
+template <int FORMAT, int R, int D> static int decode_walk_per(const coli_weight *w) {
+    static int blocks_per_sm = 0; /* per instantiation: the kernel's registers decide it */
+    if (!blocks_per_sm &&
+        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, decode_walk_kernel<FORMAT, R, D>, GEMV_THREADS, 0) !=
+             cudaSuccess ||
+         blocks_per_sm < 1))
+        blocks_per_sm = 1;
+    const int64_t groups = (w->rows + R - 1) / R, at_once = (int64_t)sm_count() * blocks_per_sm * (GEMV_THREADS / WARP);
+    return (int)((groups + at_once - 1) / at_once);
+}
+
+/* The same with decode_walk_kernel (decode_pieces % 32 == 0). */
+template <int FORMAT, int R, int D>
+static void launch_decode_walk(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+    const int per = decode_walk_per<FORMAT, R, D>(w);
+    const int64_t warps = ((w->rows + R - 1) / R + per - 1) / per, per_block = GEMV_THREADS / WARP;
+    launch_decode_prep<FORMAT>(w, dx, planes, stream);
+    launch_early(true, decode_walk_kernel<FORMAT, R, D>, dim3((unsigned)((warps + per_block - 1) / per_block)),
+                 dim3(GEMV_THREADS), 0, stream, (const int4 *)w->q, (const float *)w->scale, (int64_t)w->rows,
+                 decode_pieces<FORMAT>(w), (const float4 *)planes, dy, per);
 }
 
 /* The same with x cut into units by each block (decode_kernel's FUSED), for rows
@@ -1095,7 +1191,10 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
  *              above, int8 with 2 warps to a group of rows, 4 rows and one run
  *              in flight when rows fill the GPU (8192 or more), else 2 rows and
- *              2 runs; int4 a warp to 2 rows and 4 runs.
+ *              2 runs; int4 2 rows and 4 runs, or, when the groups of rows
+ *              outnumber the warps the GPU holds at once (and rows are whole
+ *              runs), 3 runs with each warp walking on through several groups
+ *              (decode_walk_kernel).
  *   int8, int4 S > 1 (int8 rows of whole chunks, int4 in the mma layout): the
  *              mma kernel, 16 rows per block (32 for int8 past 8 tokens and for
  *              int4 from 5 to 16), 4 stages in flight.
@@ -1136,6 +1235,8 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
             else launch_decode<FORMAT, 2, 2, 2>(w, dx, planes, dy, stream);
         } else if constexpr (FORMAT == COLI_FMT_Q4) {
             if (small) launch_decode_fused<FORMAT, 2, 3>(w, dx, dy, stream);
+            else if (decode_pieces<FORMAT>(w) % WARP == 0 && decode_walk_per<FORMAT, 2, 3>(w) > 1)
+                launch_decode_walk<FORMAT, 2, 3>(w, dx, planes, dy, stream);
             else launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
         }
     } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
