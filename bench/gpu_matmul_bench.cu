@@ -141,8 +141,12 @@ static double copy_kernel_gbps(size_t bytes) {
 }
 
 /* 16-byte reads, four in flight per thread, folded into one word a thread that
- * is written only if it comes out to a value it never does: bytes read once. */
+ * is written only if it comes out to a value it never does: bytes read once.
+ * CHAINED: as the matmuls are on sm_90, the next launch may start at once, and
+ * the write waits for the launch before (so calls overlap as far as they can). */
+template <bool CHAINED = false>
 __global__ void read_kernel(const int4 *__restrict__ src, size_t n, int *__restrict__ sink) {
+    if (CHAINED) coli_allow_next_grid();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     int acc = 0;
@@ -152,12 +156,14 @@ __global__ void read_kernel(const int4 *__restrict__ src, size_t n, int *__restr
         acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
     }
     for (; i < n; i += stride) acc ^= src[i].x ^ src[i].y ^ src[i].z ^ src[i].w;
+    if (CHAINED) coli_wait_prior_grid();
     if (acc == 0x7fffffff) *sink = acc;
 }
 
 /* The ceiling for a kernel that reads these bytes once: read_kernel over the same
- * bytes, timed the same way. Bytes read per second. */
-static double read_kernel_gbps(size_t bytes) {
+ * bytes, timed the same way, `blocks` blocks of 256 an SM. Bytes read per second. */
+template <bool CHAINED = false>
+static double read_kernel_gbps(size_t bytes, int blocks = 8) {
     const size_t n = bytes / 16;
     std::vector<int4 *> src = rotating_buffers(n * 16);
     const int copies = (int)src.size();
@@ -165,7 +171,10 @@ static double read_kernel_gbps(size_t bytes) {
     CHECK(cudaMalloc((void **)&sink, 4));
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const double us = time_graph([&](int i) { read_kernel<<<sms * 8, 256, 0, g_stream>>>(src[i % copies], n, sink); });
+    const double us = time_graph([&](int i) {
+        launch_early(CHAINED, read_kernel<CHAINED>, dim3((unsigned)(sms * blocks)), dim3(256), 0, g_stream,
+                     (const int4 *)src[i % copies], n, sink);
+    });
     for (int i = 0; i < copies; i++) cudaFree(src[i]);
     cudaFree(sink);
     return (double)(n * 16) / (us * 1e-6) / 1e9;
@@ -306,6 +315,13 @@ int main(int argc, char **argv) {
             coli_weight_sizes(&w, &qb, &sb);
             const double same_copy = profile ? 1.0 : copy_kernel_gbps(qb + sb);
             const double same_read = profile ? 1.0 : read_kernel_gbps(qb + sb);
+            if (!profile) { /* the same read, calls overlapping as the matmuls' do: a ceiling for chained calls */
+                printf("{\"rows\": %lld, \"cols\": %lld, \"format\": \"%s\", \"read_gbps\": %.1f", (long long)w.rows,
+                       (long long)w.cols, names[fi], same_read);
+                for (int blocks : {8, 4, 2, 1})
+                    printf(", \"read_chained_%d_gbps\": %.1f", blocks, read_kernel_gbps<true>(qb + sb, blocks));
+                printf("}\n");
+            }
             int copies = (int)((size_t)(512u << 20) / qb) + 2; /* rotate over > 512 MiB: far beyond L2 */
             std::vector<coli_weight> ws(copies, w);
             for (int c = 0; c < copies; c++) {
