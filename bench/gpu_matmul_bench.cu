@@ -231,7 +231,7 @@ static void gemv_variant(const coli_weight *w, const float *dx, int64_t s, float
                      fused_variant<COLI_FMT_Q4, R, D>}
 template <int FORMAT, int R, int D>
 static void walk_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    if (decode_pieces<FORMAT>(w) % WARP == 0) launch_decode_walk<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
+    if (decode_pieces<FORMAT>(w) % WARP == 0) launch_decode_walk<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream, decode_walk_per<FORMAT, R, D>(w));
     else launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
 }
 #define WALK(R, D) {"decode walk R" #R " D" #D, 1, nullptr, walk_variant<COLI_FMT_Q8, R, D>, walk_variant<COLI_FMT_Q4, R, D>}
@@ -386,7 +386,7 @@ int main(int argc, char **argv) {
                                 else if (path == 0) CHECK(launch_matmul(ww, a, s, b, g_stream, scratch));
                                 else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);
                                 else if (path == 1) launch_decode<COLI_FMT_Q4, 2, 4>(ww, a, scratch, b, g_stream);
-                                else launch_decode_walk<COLI_FMT_Q4, 2, 3>(ww, a, scratch, b, g_stream);
+                                else launch_decode_walk<COLI_FMT_Q4, 2, 3>(ww, a, scratch, b, g_stream, decode_walk_per<COLI_FMT_Q4, 2, 3>(ww));
                                 std::swap(a, b);
                             }
                             buf[simple][0] = a;

@@ -603,6 +603,25 @@ __device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4
     }
 }
 
+/* Where rows r0 .. r0 + R - 1 start (W and, int4, their scales: one per piece).
+ * Rows past the end re-read the last one; their sums are dropped. */
+template <int R>
+__device__ inline void decode_rows(const int4 *q, const float *scale, int64_t rows, int pieces, int64_t r0,
+                                   const int4 *(&w)[R], const float *(&sr)[R]) {
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const int64_t row = r0 + k < rows ? r0 + k : rows - 1;
+        w[k] = q + row * pieces;
+        sr[k] = scale + row * pieces;
+    }
+}
+
+/* A row's warp sum into y (int8: times the row's scale), by lane 0, if the row is real. */
+template <int FORMAT>
+__device__ inline void decode_store(float v, int64_t row, int64_t rows, const float *scale, float *y, int lane) {
+    if (lane == 0 && row < rows) y[row] = FORMAT == COLI_FMT_Q8 ? v * scale[row] : v;
+}
+
 /* The pieces [first, last) that slice `slice` of KS takes of a row's `full` pieces in
  * whole runs of 32: the k-th KS-th of the runs (rounded up), the last slice the rest. */
 __host__ __device__ inline void decode_slice(int full, int ks, int slice, int &first, int &last) {
@@ -629,12 +648,7 @@ __global__ void __launch_bounds__(256)
     const int64_t half = (int64_t)pieces * 4; /* int4: where the units' second halves start */
     const int4 *w[R];
     const float *sr[R];
-#pragma unroll
-    for (int k = 0; k < R; k++) { /* rows past the end re-read the last one; their sums are dropped */
-        const int64_t row = r0 + k < rows ? r0 + k : rows - 1;
-        w[k] = q + row * pieces;
-        sr[k] = scale + row * pieces; /* int4: a scale per 32 columns, i.e. per piece */
-    }
+    decode_rows<R>(q, scale, rows, pieces, r0, w, sr);
     const int full = pieces / WARP * WARP; /* pieces in whole runs of 32 */
     int first, last;
     decode_slice(full, KS, slice, first, last);
@@ -680,7 +694,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int j = 0; j < KS; j++) v += part[warp + j][k];
         }
-        if (lane == 0 && r0 + k < rows) y[r0 + k] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + k] : v;
+        decode_store<FORMAT>(v, r0 + k, rows, scale, y, lane);
     }
 }
 
@@ -706,14 +720,7 @@ __global__ void __launch_bounds__(256)
     const int64_t items = ((g0 + per < groups ? g0 + per : groups) - g0) * runs; /* (group, run) pairs */
     const int4 *w[R];
     const float *sr[R];
-    auto point = [&](int64_t g) { /* rows past the end re-read the last one; their sums are dropped */
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            const int64_t row = g * R + k < rows ? g * R + k : rows - 1;
-            w[k] = q + row * pieces;
-            sr[k] = scale + row * pieces;
-        }
-    };
+    auto point = [&](int64_t g) { decode_rows<R>(q, scale, rows, pieces, g * R, w, sr); };
     int64_t lg = g0; /* the next load: run lr of group lg */
     int lr = 0;
     auto load_next = [&](decode_slot<FORMAT, R> &sl) {
@@ -740,9 +747,7 @@ __global__ void __launch_bounds__(256)
             if (++cr < runs) continue;
 #pragma unroll
             for (int k = 0; k < R; k++) { /* group cg is done */
-                const float v = warp_sum(acc[k]);
-                const int64_t row = cg * R + k;
-                if (lane == 0 && row < rows) y[row] = FORMAT == COLI_FMT_Q8 ? v * scale[row] : v;
+                decode_store<FORMAT>(warp_sum(acc[k]), cg * R + k, rows, scale, y, lane);
                 acc[k] = 0.0f;
             }
             cr = 0, cg++;
@@ -1107,10 +1112,11 @@ template <int FORMAT, int R, int D> static int decode_walk_per(const coli_weight
     return (int)((groups + at_once - 1) / at_once);
 }
 
-/* The same with decode_walk_kernel (decode_pieces % 32 == 0). */
+/* The same with decode_walk_kernel (decode_pieces % 32 == 0), `per` groups a warp
+ * (decode_walk_per). */
 template <int FORMAT, int R, int D>
-static void launch_decode_walk(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
-    const int per = decode_walk_per<FORMAT, R, D>(w);
+static void launch_decode_walk(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream,
+                               int per) {
     const int64_t warps = ((w->rows + R - 1) / R + per - 1) / per, per_block = GEMV_THREADS / WARP;
     launch_decode_prep<FORMAT>(w, dx, planes, stream);
     launch_early(true, decode_walk_kernel<FORMAT, R, D>, dim3((unsigned)((warps + per_block - 1) / per_block)),
@@ -1234,9 +1240,9 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
             else if (w->rows >= 8192) launch_decode<FORMAT, 4, 1, 2>(w, dx, planes, dy, stream);
             else launch_decode<FORMAT, 2, 2, 2>(w, dx, planes, dy, stream);
         } else if constexpr (FORMAT == COLI_FMT_Q4) {
+            const int per = decode_walk_per<FORMAT, 2, 3>(w);
             if (small) launch_decode_fused<FORMAT, 2, 3>(w, dx, dy, stream);
-            else if (decode_pieces<FORMAT>(w) % WARP == 0 && decode_walk_per<FORMAT, 2, 3>(w) > 1)
-                launch_decode_walk<FORMAT, 2, 3>(w, dx, planes, dy, stream);
+            else if (decode_pieces<FORMAT>(w) % WARP == 0 && per > 1) launch_decode_walk<FORMAT, 2, 3>(w, dx, planes, dy, stream, per);
             else launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
         }
     } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
