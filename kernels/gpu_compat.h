@@ -42,6 +42,7 @@
 #define COLI_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
 #define COLI_SHFL(v, src) __shfl((v), (src), 32)
 #define COLI_LOAD_STREAM(p) (*(p))
+#define COLI_LOAD_FRESH(p) (*(p))
 #define COLI_HAS_PDL 0 /* no programmatic dependent launch: kernels run one after another */
 #else
 #include <cuda_runtime.h>
@@ -52,6 +53,12 @@
 #define COLI_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
 /* weights are read once: stream them past the caches that x lives in */
 #define COLI_LOAD_STREAM(p) __ldcs(p)
+/* What the grid before wrote (x, x's digits), read after coli_wait_prior_grid: a
+ * coherent load, never the read-only path (__ldg, ld.global.nc), which assumes
+ * data that no one writes while the kernel runs. ptxas moved such loads above the
+ * wait in a trial, and the early-launched kernel read the last call's values
+ * (bench/RESULTS.md, seventh pass). As fast as __ldg here (the H200). */
+#define COLI_LOAD_FRESH(p) __ldca(p)
 #define COLI_HAS_PDL 1
 #endif
 

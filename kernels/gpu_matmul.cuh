@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(256) mma_prep_kernel(const float *__restrict__
     const bool on = i < s * per_token;
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (on) {
-        const float4 lo = __ldg((const float4 *)x + 2 * i), hi = __ldg((const float4 *)x + 2 * i + 1);
+        const float4 lo = COLI_LOAD_FRESH((const float4 *)x + 2 * i), hi = COLI_LOAD_FRESH((const float4 *)x + 2 * i + 1);
         v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
     }
     bool run_bad;
@@ -532,7 +532,7 @@ __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int
 template <int FORMAT>
 __device__ inline void decode_prep_run(const float *__restrict__ x, int64_t g, int64_t cols, int32_t layout,
                                        float4 *out) {
-    const float4 lo = __ldg((const float4 *)x + 2 * g), hi = __ldg((const float4 *)x + 2 * g + 1);
+    const float4 lo = COLI_LOAD_FRESH((const float4 *)x + 2 * g), hi = COLI_LOAD_FRESH((const float4 *)x + 2 * g + 1);
     const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     decode_units<FORMAT>(v, g, cols, layout, out);
 }
@@ -593,8 +593,8 @@ __device__ inline void decode_run(const decode_slot<FORMAT, R> &sl, const float4
 #pragma unroll
     for (int m = 0; m < 4; m++) {
         float4 u[FORMAT == COLI_FMT_Q8 ? 1 : 2];
-        u[0] = SHARED ? xq[m * nb] : __ldg(xq + m * nb);
-        if constexpr (FORMAT == COLI_FMT_Q4) u[1] = SHARED ? xq[half + m * nb] : __ldg(xq + half + m * nb);
+        u[0] = SHARED ? xq[m * nb] : COLI_LOAD_FRESH(xq + m * nb);
+        if constexpr (FORMAT == COLI_FMT_Q4) u[1] = SHARED ? xq[half + m * nb] : COLI_LOAD_FRESH(xq + half + m * nb);
 #pragma unroll
         for (int k = 0; k < R; k++) {
             const float dot = (float)word_dot<FORMAT>(word_of(sl.w[k], m), u);
