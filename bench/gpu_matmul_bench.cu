@@ -235,6 +235,11 @@ static void walk_variant(const coli_weight *w, const float *dx, int64_t, float *
     else launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
 }
 #define WALK(R, D) {"decode walk R" #R " D" #D, 1, nullptr, walk_variant<COLI_FMT_Q8, R, D>, walk_variant<COLI_FMT_Q4, R, D>}
+template <int FORMAT>
+static void bulk_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
+    if (decode_bulk_takes(w)) launch_decode_bulk<FORMAT>(w, dx, g_bench_planes, dy, stream);
+    else launch_decode<FORMAT, 2, 4>(w, dx, g_bench_planes, dy, stream);
+}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
@@ -244,6 +249,7 @@ static const variant VARIANTS[] = {
     FUSED(2, 3), FUSED(2, 4), FUSED(4, 2),
     DECODE_KS(2, 3, 2), DECODE_KS(2, 4, 2), DECODE_KS(2, 2, 2), DECODE_KS(4, 1, 2), DECODE_KS(4, 2, 2), DECODE_KS(4, 2, 4),
     DECODE_KS(3, 2, 2), WALK(2, 3), WALK(2, 4), WALK(2, 2),
+    {"decode bulk", 1, nullptr, bulk_variant<COLI_FMT_Q8>, bulk_variant<COLI_FMT_Q4>},
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),
@@ -375,8 +381,9 @@ int main(int argc, char **argv) {
                     CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));
                     /* the kernels picked, and (int8, int4) the decode kernel with its own prep, (int4)
                      * and the walking one */
-                    const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : w.format == COLI_FMT_Q8 ? 2 : 3;
+                    const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : 4;
                     for (int path = 0; path < paths; path++) {
+                        if (path == 2 && w.format == COLI_FMT_Q8) continue; /* no walking kernel for int8 */
                         for (int simple = 1; simple >= 0; simple--) { /* the simple chain first: the other overwrites x */
                             float *a = buf[simple][0], *b = buf[simple][1];
                             if (simple) CHECK(cudaMemcpyAsync(a, x, (size_t)s * w.cols * 4, cudaMemcpyDeviceToDevice, g_stream));
@@ -384,6 +391,8 @@ int main(int argc, char **argv) {
                                 const coli_weight *ww = &ws[step % copies];
                                 if (simple) launch_simple_any(ww, a, s, b, g_stream);
                                 else if (path == 0) CHECK(launch_matmul(ww, a, s, b, g_stream, scratch));
+                                else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, scratch, b, g_stream);
+                                else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, scratch, b, g_stream);
                                 else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);
                                 else if (path == 1) launch_decode<COLI_FMT_Q4, 2, 4>(ww, a, scratch, b, g_stream);
                                 else launch_decode_walk<COLI_FMT_Q4, 2, 3>(ww, a, scratch, b, g_stream, decode_walk_per<COLI_FMT_Q4, 2, 3>(ww));
@@ -399,7 +408,10 @@ int main(int argc, char **argv) {
                         printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"check\": \"8 chained calls%s\", "
                                "\"rel_err\": %.2e, \"ok\": %s}\n",
                                (long long)w.rows, (long long)w.cols, (long long)s, names[fi],
-                               path == 0 ? "" : path == 1 ? ", decode with its prep" : ", decode walk with its prep",
+                               path == 0   ? ""
+                               : path == 1 ? ", decode with its prep"
+                               : path == 2 ? ", decode walk with its prep"
+                                           : ", decode bulk with its prep",
                                err, ok ? "true" : "false");
                         fill_floats<<<1024, 256, 0, g_stream>>>(x, (size_t)smax * w.cols, 5 + fi, 1.0f, 0.0f); /* x again */
                         buf[0][0] = x, buf[0][1] = y, buf[1][0] = ref, buf[1][1] = planes;

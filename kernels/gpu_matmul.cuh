@@ -4,6 +4,8 @@
  *
  *   decode_kernel int8 and int4, S = 1: bound by reading W from memory. x is cut
  *                 into int8 digits that W meets in exact integer dot products.
+ *   decode_bulk_kernel (gpu_decode_bulk.cuh) the same sums for tall weights on
+ *                 sm_90, W streamed into shared memory by the copy engine.
  *   mma_kernel    int8 and int4, S > 1: the same digits on the tensor cores,
  *                 W read once per 16 tokens.
  *   gemv_kernel   f32, S <= 16: bound by reading W, once per 8 tokens.
@@ -1140,6 +1142,8 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
                  (const float4 *)nullptr, dx, dy);
 }
 
+#include "gpu_decode_bulk.cuh"
+
 /* int8 and int4: x's digits into `planes` (device scratch of s * cols floats), then
  * the mma kernel with TP pairs of tokens per block. */
 template <int FORMAT, int RB, int NS, int TP>
@@ -1192,7 +1196,9 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
 
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
- *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): the
+ *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
+ *              sm_90, rows of 2048 to 4096 columns (whole 1024s) and at least
+ *              4096 of them (int8: 8192), decode_bulk_kernel; else the
  *              decode kernel; up to 4096 x 4096 with x cut by every block
  *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
  *              above, int8 with 2 warps to a group of rows, 4 rows and one run
@@ -1235,6 +1241,10 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
         launch_simple<FORMAT>(w, dx, s, dy, stream);
     } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
         const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
+#if COLI_HAS_PDL
+        if constexpr (FORMAT != COLI_FMT_F32)
+            if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, planes, dy, stream);
+#endif
         if constexpr (FORMAT == COLI_FMT_Q8) {
             if (small) launch_decode_fused<FORMAT, 2, 4>(w, dx, dy, stream);
             else if (w->rows >= 8192) launch_decode<FORMAT, 4, 1, 2>(w, dx, planes, dy, stream);

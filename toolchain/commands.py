@@ -49,7 +49,13 @@ HOST_HEADERS = (
 )
 REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
 GPU_SOURCES = ("kernels/backend_gpu.cu",)
-BACKEND_HEADERS = ("kernels/backend_common.h", "kernels/cpu_ops.h", "kernels/gpu_compat.h", "kernels/gpu_matmul.cuh")
+BACKEND_HEADERS = (
+    "kernels/backend_common.h",
+    "kernels/cpu_ops.h",
+    "kernels/gpu_compat.h",
+    "kernels/gpu_matmul.cuh",
+    "kernels/gpu_decode_bulk.cuh",
+)
 GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")
 
 # Variables that steer a ROCm toolchain from the outside; the HIP compile clears

@@ -1,0 +1,245 @@
+/* int8 and int4 at S = 1 on sm_90, for tall weights: decode_bulk_kernel. Included
+ * by gpu_matmul.cuh after the launch helpers; CUDA only.
+ *
+ * decode_kernel keeps its loads in flight in registers, a ring of runs per warp,
+ * and the ring's depth competes with the arithmetic for them (bench/RESULTS.md,
+ * passes 4-7). Here the copy engine streams W into shared memory instead:
+ *   - A block owns a span of whole rows, which lie side by side in memory, so a
+ *     stage of T rows is one bulk copy for W and one for int4's scales
+ *     (cp.async.bulk, counted in bytes on the stage's mbarrier), issued by one
+ *     producer lane into a ring of stages as deep as shared memory allows. Loads
+ *     in flight hold no registers.
+ *   - Consumer warps split a row's columns, 1024 each (int4: one 16-byte piece a
+ *     lane and row; int8: two), and hold their lanes' units of x (decode_prep_kernel's,
+ *     read once) in registers. NG groups of them take turns at the stages (group g
+ *     stages g, g + NG, ...), so that a scheduler has several warps at work.
+ *   - A stage's rows meet across a warp's lanes in one reduce-scatter and across
+ *     the warps, at the end, in shared memory in a fixed order.
+ * Only `pre` stages are copied before the wait for the call before. A full ring
+ * copied early fills the memory system ahead of that call's last loads and of the
+ * prep kernel between them, and the wait took 6.6 instead of 4.3 us (eighth pass,
+ * a per-block timeline); the rest goes out as the consumers pass the wait.
+ *
+ * Measured on the H200 (bench/RESULTS.md, eighth pass): int4 14336 x 4096 10.8 us
+ * against decode_kernel's 12.3, int8 15.9 against 16.2, int4 4096 x 4096 4.8 against
+ * 5.2; no gain with more than 4096 columns (4 warps a stripe leave no room for
+ * groups), so those keep decode_kernel. */
+#ifndef COLI_GPU_DECODE_BULK_CUH
+#define COLI_GPU_DECODE_BULK_CUH
+
+#if COLI_HAS_PDL
+#define BULK_COLS_PER_WARP 1024 /* 32 columns a lane */
+#define BULK_ROWS 4             /* rows a stage */
+#define BULK_GROUPS 4           /* groups of consumer warps */
+#define BULK_PRE 4              /* stages copied before the wait */
+#define BULK_RING (200 * 1024)  /* shared memory for the stages */
+#define BULK_MAX_THREADS ((4 * BULK_GROUPS + 1) * WARP)
+
+__device__ inline uint32_t shared_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* The stage barriers (mbarrier), and the copy engine's bulk copy into a stage (sm_90). */
+__device__ inline void stage_init(uint64_t *bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ inline void stage_expect(uint64_t *bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_addr(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ inline void stage_arrive(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_addr(bar)) : "memory");
+#endif
+}
+__device__ inline void stage_wait(uint64_t *bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n}" ::"r"(shared_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+__device__ inline void stage_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     shared_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(shared_addr(bar))
+                 : "memory");
+#endif
+}
+
+/* A launch's shape, and where its block's shared memory holds what: the barriers
+ * (full and empty per stage, then `go`: the consumers are past the wait), each
+ * warp's sums of the block's rows, then the stages (128-byte aligned). */
+struct bulk_plan {
+    int64_t row_w, row_s; /* bytes of a row's W and of its scales */
+    int nw, ng, ns, rows_max, pre;
+    __host__ __device__ size_t part_at() const { return (size_t)(2 * ns + 1) * 8; }
+    __host__ __device__ size_t stage_at() const { return (part_at() + (size_t)rows_max * nw * 4 + 127) / 128 * 128; }
+    __host__ __device__ size_t stage_bytes() const { return (size_t)BULK_ROWS * (size_t)(row_w + row_s); }
+    __host__ __device__ size_t shared() const { return stage_at() + (size_t)ns * stage_bytes(); }
+};
+
+/* v[0..T-1] of every lane -> the warp's sum of row bulk_row<T>(lane) in v[0]: each
+ * round a lane keeps half of its rows and takes its partner's half of them. */
+template <int T> __device__ inline int bulk_row(int lane) {
+    int r = 0;
+#pragma unroll
+    for (int h = T / 2, o = WARP / 2; h >= 1; h /= 2, o /= 2) r += lane & o ? h : 0;
+    return r;
+}
+template <int T> __device__ inline void bulk_reduce(float (&v)[T], int lane) {
+#pragma unroll
+    for (int h = T / 2, o = WARP / 2; h >= 1; h /= 2, o /= 2) {
+        const bool up = lane & o;
+#pragma unroll
+        for (int i = 0; i < h; i++) {
+            const float keep = up ? v[h + i] : v[i], send = up ? v[i] : v[h + i];
+            v[i] = keep + COLI_SHFL_XOR(send, o);
+        }
+    }
+#pragma unroll
+    for (int o = WARP / 2 / T; o >= 1; o /= 2) v[0] += COLI_SHFL_XOR(v[0], o);
+}
+
+/* xq: decode_prep_kernel's units of x (int4 in the mma layout, int8 in the ABI's). */
+template <int FORMAT>
+__global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
+    decode_bulk_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, bulk_plan plan,
+                       const float4 *__restrict__ xq, float *__restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int T = BULK_ROWS, P = FORMAT == COLI_FMT_Q8 ? 2 : 1; /* 16-byte pieces a lane and row */
+    extern __shared__ __align__(128) uint8_t bulk_shared[];
+    uint64_t *full = (uint64_t *)bulk_shared, *empty = full + plan.ns, *go = empty + plan.ns;
+    float *part = (float *)(bulk_shared + plan.part_at());
+    uint8_t *stages = bulk_shared + plan.stage_at();
+    coli_allow_next_grid(); /* the next call's kernels may take free room from here on */
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, consumers = plan.nw * plan.ng;
+    const int64_t r0 = rows * blockIdx.x / gridDim.x, r1 = rows * (blockIdx.x + 1) / gridDim.x;
+    const int n_rows = (int)(r1 - r0), n_stages = (n_rows + T - 1) / T;
+    const size_t stage_bytes = plan.stage_bytes();
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < plan.ns; b++) stage_init(&full[b], 1), stage_init(&empty[b], plan.nw);
+        stage_init(go, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == consumers) { /* the producer: W and scales, which no kernel writes */
+        if (lane == 0)
+            for (int s = 0; s < n_stages; s++) {
+                const int b = s % plan.ns, k = s / plan.ns, n = min(T, n_rows - s * T);
+                if (s == plan.pre) stage_wait(go, 0);
+                if (k > 0) stage_wait(&empty[b], (k - 1) & 1);
+                uint8_t *st = stages + (size_t)b * stage_bytes;
+                const int64_t row = r0 + (int64_t)s * T;
+                stage_expect(&full[b], (uint32_t)(n * (plan.row_w + plan.row_s)));
+                stage_copy(st, q + row * plan.row_w, (uint32_t)(n * plan.row_w), &full[b]);
+                if (plan.row_s)
+                    stage_copy(st + T * plan.row_w, (const uint8_t *)scale + row * plan.row_s, (uint32_t)(n * plan.row_s),
+                               &full[b]);
+            }
+        return;
+    }
+    const int g = warp / plan.nw, w = warp % plan.nw;
+    const int64_t cols = FORMAT == COLI_FMT_Q8 ? plan.row_w : plan.row_w * 2;
+    coli_wait_prior_grid(); /* x's units are the prep kernel's from here on */
+    if (threadIdx.x == 0) stage_arrive(go);
+    /* this lane's units, where decode_prep_kernel put them for decode_kernel's lane of
+     * the same piece: int4 its piece's 4 words; int8 its 2 pieces' 4 words each */
+    float4 u[4 * P][FORMAT == COLI_FMT_Q8 ? 1 : 2];
+#pragma unroll
+    for (int m = 0; m < 4 * P; m++) {
+        const int64_t at = ((int64_t)(w * P + m / 4) * WARP) * 4 + m % 4 * WARP + lane;
+        u[m][0] = COLI_LOAD_FRESH(xq + at);
+        if constexpr (FORMAT == COLI_FMT_Q4) u[m][1] = COLI_LOAD_FRESH(xq + cols / 8 + at);
+    }
+    for (int s = g; s < n_stages; s += plan.ng) {
+        const int b = s % plan.ns, n = min(T, n_rows - s * T);
+        stage_wait(&full[b], (s / plan.ns) & 1);
+        const uint8_t *st = stages + (size_t)b * stage_bytes;
+        /* every row of the stage, a short last stage's missing ones too (their sums
+         * are dropped): no branch between the rows, so their loads go out together */
+        int4 piece[T][P];
+        float4 sc[T];
+#pragma unroll
+        for (int r = 0; r < T; r++) {
+#pragma unroll
+            for (int h = 0; h < P; h++) piece[r][h] = *(const int4 *)(st + r * plan.row_w + ((w * P + h) * WARP + lane) * 16);
+            if constexpr (FORMAT == COLI_FMT_Q4)
+                sc[r] = *(const float4 *)(st + T * plan.row_w + r * plan.row_s + (w * WARP + lane) / 4 * 16);
+        }
+        float acc[T];
+#pragma unroll
+        for (int r = 0; r < T; r++) {
+            acc[r] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < P; h++)
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const uint32_t word = word_of(piece[r][h], m);
+                    if constexpr (FORMAT == COLI_FMT_Q8)
+                        acc[r] = fmaf((float)word_dot<FORMAT>(word, u[4 * h + m]), u[4 * h + m][0].w, acc[r]);
+                    else
+                        acc[r] = fmaf((float)word_dot<FORMAT>(word, u[m]), u[m][1].z * elem(sc[r], m), acc[r]);
+                }
+        }
+        __syncwarp();
+        if (lane == 0) stage_arrive(&empty[b]); /* the stage's reads are done: the producer may refill it */
+        bulk_reduce<T>(acc, lane);
+        const int r = bulk_row<T>(lane);
+        if ((lane & (WARP / T - 1)) == 0 && r < n) part[(s * T + r) * plan.nw + w] = acc[0];
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(consumers * WARP) : "memory"); /* the consumers only */
+    for (int i = threadIdx.x; i < n_rows; i += consumers * WARP) {
+        float v = 0.0f;
+        for (int k = 0; k < plan.nw; k++) v += part[i * plan.nw + k];
+        y[r0 + i] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + i] : v;
+    }
+#else
+    (void)q, (void)scale, (void)rows, (void)plan, (void)xq, (void)y;
+    __trap(); /* launched on sm_90 and later only (decode_bulk_takes) */
+#endif
+}
+
+/* Whether decode_bulk_kernel takes a weight at S = 1: sm_90; rows whole warps'
+ * columns, 2048 to 4096 of them (4 warps a row at most, so that 4 groups fit a
+ * block); int4 in the mma layout from 4096 rows, int8 from 8192 (at 4096 x 4096
+ * it only ties decode_kernel). */
+static bool decode_bulk_takes(const coli_weight *w) {
+    const bool fits = w->cols % BULK_COLS_PER_WARP == 0 && w->cols >= 2048 && w->cols <= 4 * BULK_COLS_PER_WARP;
+    const bool tall = w->format == COLI_FMT_Q8 ? w->rows >= 8192 : w->layout == MMA_LAYOUT && w->rows >= 4096;
+    return fits && tall && cc_major() >= 9;
+}
+
+/* x's units (decode_prep_kernel, into `planes`: cols floats), then decode_bulk_kernel,
+ * a block an SM. */
+template <int FORMAT>
+static void launch_decode_bulk(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+    bulk_plan plan;
+    plan.row_w = FORMAT == COLI_FMT_Q8 ? w->cols : w->cols / 2;
+    plan.row_s = FORMAT == COLI_FMT_Q8 ? 0 : w->cols / 32 * 4;
+    plan.nw = (int)(w->cols / BULK_COLS_PER_WARP);
+    plan.ng = BULK_GROUPS;
+    plan.pre = BULK_PRE;
+    const int64_t grid = sm_count();
+    plan.rows_max = (int)((w->rows + grid - 1) / grid);
+    const int stages = (plan.rows_max + BULK_ROWS - 1) / BULK_ROWS;
+    const int most = (int)(BULK_RING / plan.stage_bytes()) / plan.ng * plan.ng; /* a whole number of turns */
+    plan.ns = std::max(plan.ng, std::min(most, (stages + plan.ng - 1) / plan.ng * plan.ng));
+    const size_t shared = plan.shared();
+    const auto kernel = decode_bulk_kernel<FORMAT>;
+    static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
+    if (!raised)
+        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      BULK_RING + 16 * 1024) == cudaSuccess;
+    launch_decode_prep<FORMAT>(w, dx, planes, stream);
+    launch_early(true, kernel, dim3((unsigned)grid), dim3((unsigned)((plan.nw * plan.ng + 1) * WARP)), shared, stream,
+                 (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, (const float4 *)planes, dy);
+}
+#endif
+
+#endif
