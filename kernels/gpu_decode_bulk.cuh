@@ -10,18 +10,20 @@
  *     producer lane into a ring of stages as deep as shared memory allows. Loads
  *     in flight hold no registers.
  *   - Consumer warps split a row's columns, 1024 each (int4: one 16-byte piece a
- *     lane and row; int8: two), and hold their lanes' units of x (decode_prep_kernel's,
- *     read once) in registers. NG groups of them take turns at the stages (group g
- *     stages g, g + NG, ...), so that a scheduler has several warps at work.
+ *     lane and row; int8: two), and hold their lanes' units of x in registers. They
+ *     cut x into units themselves, together, into shared memory (no prep kernel, so
+ *     a call waits for the call before and for nothing else). NG groups of them take
+ *     turns at the stages (group g stages g, g + NG, ...), so that a scheduler has
+ *     several warps at work.
  *   - A stage's rows meet across a warp's lanes in one reduce-scatter and across
  *     the warps, at the end, in shared memory in a fixed order.
  * Only `pre` stages are copied before the wait for the call before. A full ring
- * copied early fills the memory system ahead of that call's last loads and of the
- * prep kernel between them, and the wait took 6.6 instead of 4.3 us (eighth pass,
- * a per-block timeline); the rest goes out as the consumers pass the wait.
+ * copied early fills the memory system ahead of that call's last loads, and the
+ * wait took 6.6 instead of 4.3 us (eighth pass, a per-block timeline); the rest
+ * goes out as the consumers pass the wait.
  *
- * Measured on the H200 (bench/RESULTS.md, eighth pass): int4 14336 x 4096 10.8 us
- * against decode_kernel's 12.3, int8 15.9 against 16.2, int4 4096 x 4096 4.8 against
+ * Measured on the H200 (bench/RESULTS.md, eighth pass): int4 14336 x 4096 10.6 us
+ * against decode_kernel's 12.3, int8 15.4 against 16.2, int4 4096 x 4096 4.6 against
  * 5.2; no gain with more than 4096 columns (4 warps a stripe leave no room for
  * groups), so those keep decode_kernel. */
 #ifndef COLI_GPU_DECODE_BULK_CUH
@@ -74,12 +76,14 @@ __device__ inline void stage_copy(void *dst, const void *src, uint32_t bytes, ui
 
 /* A launch's shape, and where its block's shared memory holds what: the barriers
  * (full and empty per stage, then `go`: the consumers are past the wait), each
- * warp's sums of the block's rows, then the stages (128-byte aligned). */
+ * warp's sums of the block's rows, x's units, then the stages (128-byte aligned). */
 struct bulk_plan {
     int64_t row_w, row_s; /* bytes of a row's W and of its scales */
     int nw, ng, ns, rows_max, pre;
+    int64_t units; /* bytes of x's units (cols * 4) */
     __host__ __device__ size_t part_at() const { return (size_t)(2 * ns + 1) * 8; }
-    __host__ __device__ size_t stage_at() const { return (part_at() + (size_t)rows_max * nw * 4 + 127) / 128 * 128; }
+    __host__ __device__ size_t units_at() const { return (part_at() + (size_t)rows_max * nw * 4 + 127) / 128 * 128; }
+    __host__ __device__ size_t stage_at() const { return (units_at() + (size_t)units + 127) / 128 * 128; }
     __host__ __device__ size_t stage_bytes() const { return (size_t)BULK_ROWS * (size_t)(row_w + row_s); }
     __host__ __device__ size_t shared() const { return stage_at() + (size_t)ns * stage_bytes(); }
 };
@@ -106,11 +110,10 @@ template <int T> __device__ inline void bulk_reduce(float (&v)[T], int lane) {
     for (int o = WARP / 2 / T; o >= 1; o /= 2) v[0] += COLI_SHFL_XOR(v[0], o);
 }
 
-/* xq: decode_prep_kernel's units of x (int4 in the mma layout, int8 in the ABI's). */
 template <int FORMAT>
 __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
     decode_bulk_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, bulk_plan plan,
-                       const float4 *__restrict__ xq, float *__restrict__ y) {
+                       const float *__restrict__ x, float *__restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int T = BULK_ROWS, P = FORMAT == COLI_FMT_Q8 ? 2 : 1; /* 16-byte pieces a lane and row */
     extern __shared__ __align__(128) uint8_t bulk_shared[];
@@ -146,16 +149,21 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
     }
     const int g = warp / plan.nw, w = warp % plan.nw;
     const int64_t cols = FORMAT == COLI_FMT_Q8 ? plan.row_w : plan.row_w * 2;
-    coli_wait_prior_grid(); /* x's units are the prep kernel's from here on */
+    coli_wait_prior_grid(); /* x is the last call's output until here */
     if (threadIdx.x == 0) stage_arrive(go);
-    /* this lane's units, where decode_prep_kernel put them for decode_kernel's lane of
-     * the same piece: int4 its piece's 4 words; int8 its 2 pieces' 4 words each */
+    /* x cut into units in shared memory, a run of 8 columns a consumer thread, where
+     * decode_kernel's lanes would read them (decode_unit); then each lane takes its own:
+     * int4 its piece's 4 words, int8 its 2 pieces' 4 words each */
+    float4 *units = (float4 *)(bulk_shared + plan.units_at());
+    for (int64_t r = threadIdx.x; r < cols / 8; r += consumers * WARP)
+        decode_prep_run<FORMAT>(x, r, cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
+    asm volatile("bar.sync 2, %0;" ::"r"(consumers * WARP) : "memory"); /* the consumers only */
     float4 u[4 * P][FORMAT == COLI_FMT_Q8 ? 1 : 2];
 #pragma unroll
     for (int m = 0; m < 4 * P; m++) {
         const int64_t at = ((int64_t)(w * P + m / 4) * WARP) * 4 + m % 4 * WARP + lane;
-        u[m][0] = COLI_LOAD_FRESH(xq + at);
-        if constexpr (FORMAT == COLI_FMT_Q4) u[m][1] = COLI_LOAD_FRESH(xq + cols / 8 + at);
+        u[m][0] = units[at];
+        if constexpr (FORMAT == COLI_FMT_Q4) u[m][1] = units[cols / 8 + at];
     }
     for (int s = g; s < n_stages; s += plan.ng) {
         const int b = s % plan.ns, n = min(T, n_rows - s * T);
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
         y[r0 + i] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + i] : v;
     }
 #else
-    (void)q, (void)scale, (void)rows, (void)plan, (void)xq, (void)y;
+    (void)q, (void)scale, (void)rows, (void)plan, (void)x, (void)y;
     __trap(); /* launched on sm_90 and later only (decode_bulk_takes) */
 #endif
 }
@@ -215,11 +223,10 @@ static bool decode_bulk_takes(const coli_weight *w) {
     return fits && tall && cc_major() >= 9;
 }
 
-/* x's units (decode_prep_kernel, into `planes`: cols floats), then decode_bulk_kernel,
- * a block an SM. */
-template <int FORMAT>
-static void launch_decode_bulk(const coli_weight *w, const float *dx, float *planes, float *dy, cudaStream_t stream) {
+/* decode_bulk_kernel, a block an SM. */
+template <int FORMAT> static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     bulk_plan plan;
+    plan.units = w->cols * 4;
     plan.row_w = FORMAT == COLI_FMT_Q8 ? w->cols : w->cols / 2;
     plan.row_s = FORMAT == COLI_FMT_Q8 ? 0 : w->cols / 32 * 4;
     plan.nw = (int)(w->cols / BULK_COLS_PER_WARP);
@@ -235,10 +242,9 @@ static void launch_decode_bulk(const coli_weight *w, const float *dx, float *pla
     static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
     if (!raised)
         raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      BULK_RING + 16 * 1024) == cudaSuccess;
-    launch_decode_prep<FORMAT>(w, dx, planes, stream);
-    launch_early(true, kernel, dim3((unsigned)grid), dim3((unsigned)((plan.nw * plan.ng + 1) * WARP)), shared, stream,
-                 (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, (const float4 *)planes, dy);
+                                      BULK_RING + 24 * 1024) == cudaSuccess;
+    launch_early(chain_calls(), kernel, dim3((unsigned)grid), dim3((unsigned)((plan.nw * plan.ng + 1) * WARP)), shared,
+                 stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
 }
 #endif
 

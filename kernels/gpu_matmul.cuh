@@ -1243,7 +1243,7 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
         const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
 #if COLI_HAS_PDL
         if constexpr (FORMAT != COLI_FMT_F32)
-            if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, planes, dy, stream);
+            if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, dy, stream);
 #endif
         if constexpr (FORMAT == COLI_FMT_Q8) {
             if (small) launch_decode_fused<FORMAT, 2, 4>(w, dx, dy, stream);
