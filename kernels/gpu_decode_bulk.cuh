@@ -5,19 +5,19 @@
  * and the ring's depth competes with the arithmetic for them (bench/RESULTS.md,
  * passes 4-7). Here the copy engine streams W into shared memory instead:
  *   - A block owns a span of whole rows, which lie side by side in memory, so a
- *     stage of T rows is one bulk copy for W and one for int4's scales
+ *     stage of BULK_ROWS rows is one bulk copy for W and one for int4's scales
  *     (cp.async.bulk, counted in bytes on the stage's mbarrier), issued by one
  *     producer lane into a ring of stages as deep as shared memory allows. Loads
  *     in flight hold no registers.
  *   - Consumer warps split a row's columns, 1024 each (int4: one 16-byte piece a
  *     lane and row; int8: two), and hold their lanes' units of x in registers. They
  *     cut x into units themselves, together, into shared memory (no prep kernel, so
- *     a call waits for the call before and for nothing else). NG groups of them take
- *     turns at the stages (group g stages g, g + NG, ...), so that a scheduler has
+ *     a call waits for the call before and for nothing else). BULK_GROUPS groups of
+ *     them take turns at the stages (group g stages g, g + 4, ...), so that a scheduler has
  *     several warps at work.
  *   - A stage's rows meet across a warp's lanes in one reduce-scatter and across
  *     the warps, at the end, in shared memory in a fixed order.
- * Only `pre` stages are copied before the wait for the call before. A full ring
+ * Only BULK_PRE stages are copied before the wait for the call before. A full ring
  * copied early fills the memory system ahead of that call's last loads, and the
  * wait took 6.6 instead of 4.3 us (eighth pass, a per-block timeline); the rest
  * goes out as the consumers pass the wait.
@@ -31,11 +31,12 @@
 
 #if COLI_HAS_PDL
 #define BULK_COLS_PER_WARP 1024 /* 32 columns a lane */
+#define BULK_MAX_WARPS 4        /* warps a row at most (4096 columns) */
 #define BULK_ROWS 4             /* rows a stage */
 #define BULK_GROUPS 4           /* groups of consumer warps */
 #define BULK_PRE 4              /* stages copied before the wait */
 #define BULK_RING (200 * 1024)  /* shared memory for the stages */
-#define BULK_MAX_THREADS ((4 * BULK_GROUPS + 1) * WARP)
+#define BULK_MAX_THREADS ((BULK_MAX_WARPS * BULK_GROUPS + 1) * WARP)
 
 __device__ inline uint32_t shared_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -78,12 +79,11 @@ __device__ inline void stage_copy(void *dst, const void *src, uint32_t bytes, ui
  * (full and empty per stage, then `go`: the consumers are past the wait), each
  * warp's sums of the block's rows, x's units, then the stages (128-byte aligned). */
 struct bulk_plan {
-    int64_t row_w, row_s; /* bytes of a row's W and of its scales */
-    int nw, ng, ns, rows_max, pre;
-    int64_t units; /* bytes of x's units (cols * 4) */
+    int64_t cols, row_w, row_s; /* a row's columns, and bytes of its W and of its scales */
+    int nw, ns, rows_max;       /* consumer warps a row (a group), stages, a block's rows at most */
     __host__ __device__ size_t part_at() const { return (size_t)(2 * ns + 1) * 8; }
     __host__ __device__ size_t units_at() const { return (part_at() + (size_t)rows_max * nw * 4 + 127) / 128 * 128; }
-    __host__ __device__ size_t stage_at() const { return (units_at() + (size_t)units + 127) / 128 * 128; }
+    __host__ __device__ size_t stage_at() const { return (units_at() + (size_t)cols * 4 + 127) / 128 * 128; }
     __host__ __device__ size_t stage_bytes() const { return (size_t)BULK_ROWS * (size_t)(row_w + row_s); }
     __host__ __device__ size_t shared() const { return stage_at() + (size_t)ns * stage_bytes(); }
 };
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
     float *part = (float *)(bulk_shared + plan.part_at());
     uint8_t *stages = bulk_shared + plan.stage_at();
     coli_allow_next_grid(); /* the next call's kernels may take free room from here on */
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, consumers = plan.nw * plan.ng;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, consumers = plan.nw * BULK_GROUPS;
     const int64_t r0 = rows * blockIdx.x / gridDim.x, r1 = rows * (blockIdx.x + 1) / gridDim.x;
     const int n_rows = (int)(r1 - r0), n_stages = (n_rows + T - 1) / T;
     const size_t stage_bytes = plan.stage_bytes();
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
         if (lane == 0)
             for (int s = 0; s < n_stages; s++) {
                 const int b = s % plan.ns, k = s / plan.ns, n = min(T, n_rows - s * T);
-                if (s == plan.pre) stage_wait(go, 0);
+                if (s == BULK_PRE) stage_wait(go, 0);
                 if (k > 0) stage_wait(&empty[b], (k - 1) & 1);
                 uint8_t *st = stages + (size_t)b * stage_bytes;
                 const int64_t row = r0 + (int64_t)s * T;
@@ -148,24 +148,23 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
         return;
     }
     const int g = warp / plan.nw, w = warp % plan.nw;
-    const int64_t cols = FORMAT == COLI_FMT_Q8 ? plan.row_w : plan.row_w * 2;
     coli_wait_prior_grid(); /* x is the last call's output until here */
     if (threadIdx.x == 0) stage_arrive(go);
     /* x cut into units in shared memory, a run of 8 columns a consumer thread, where
      * decode_kernel's lanes would read them (decode_unit); then each lane takes its own:
      * int4 its piece's 4 words, int8 its 2 pieces' 4 words each */
     float4 *units = (float4 *)(bulk_shared + plan.units_at());
-    for (int64_t r = threadIdx.x; r < cols / 8; r += consumers * WARP)
-        decode_prep_run<FORMAT>(x, r, cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
+    for (int64_t r = threadIdx.x; r < plan.cols / 8; r += consumers * WARP)
+        decode_prep_run<FORMAT>(x, r, plan.cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
     asm volatile("bar.sync 2, %0;" ::"r"(consumers * WARP) : "memory"); /* the consumers only */
     float4 u[4 * P][FORMAT == COLI_FMT_Q8 ? 1 : 2];
 #pragma unroll
     for (int m = 0; m < 4 * P; m++) {
         const int64_t at = ((int64_t)(w * P + m / 4) * WARP) * 4 + m % 4 * WARP + lane;
         u[m][0] = units[at];
-        if constexpr (FORMAT == COLI_FMT_Q4) u[m][1] = units[cols / 8 + at];
+        if constexpr (FORMAT == COLI_FMT_Q4) u[m][1] = units[plan.cols / 8 + at];
     }
-    for (int s = g; s < n_stages; s += plan.ng) {
+    for (int s = g; s < n_stages; s += BULK_GROUPS) {
         const int b = s % plan.ns, n = min(T, n_rows - s * T);
         stage_wait(&full[b], (s / plan.ns) & 1);
         const uint8_t *st = stages + (size_t)b * stage_bytes;
@@ -218,7 +217,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
  * block); int4 in the mma layout from 4096 rows, int8 from 8192 (at 4096 x 4096
  * it only ties decode_kernel). */
 static bool decode_bulk_takes(const coli_weight *w) {
-    const bool fits = w->cols % BULK_COLS_PER_WARP == 0 && w->cols >= 2048 && w->cols <= 4 * BULK_COLS_PER_WARP;
+    const bool fits = w->cols % BULK_COLS_PER_WARP == 0 && w->cols >= 2048 && w->cols <= BULK_MAX_WARPS * BULK_COLS_PER_WARP;
     const bool tall = w->format == COLI_FMT_Q8 ? w->rows >= 8192 : w->layout == MMA_LAYOUT && w->rows >= 4096;
     return fits && tall && cc_major() >= 9;
 }
@@ -226,24 +225,22 @@ static bool decode_bulk_takes(const coli_weight *w) {
 /* decode_bulk_kernel, a block an SM. */
 template <int FORMAT> static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     bulk_plan plan;
-    plan.units = w->cols * 4;
+    plan.cols = w->cols;
     plan.row_w = FORMAT == COLI_FMT_Q8 ? w->cols : w->cols / 2;
     plan.row_s = FORMAT == COLI_FMT_Q8 ? 0 : w->cols / 32 * 4;
     plan.nw = (int)(w->cols / BULK_COLS_PER_WARP);
-    plan.ng = BULK_GROUPS;
-    plan.pre = BULK_PRE;
     const int64_t grid = sm_count();
     plan.rows_max = (int)((w->rows + grid - 1) / grid);
-    const int stages = (plan.rows_max + BULK_ROWS - 1) / BULK_ROWS;
-    const int most = (int)(BULK_RING / plan.stage_bytes()) / plan.ng * plan.ng; /* a whole number of turns */
-    plan.ns = std::max(plan.ng, std::min(most, (stages + plan.ng - 1) / plan.ng * plan.ng));
+    const int stages = (plan.rows_max + BULK_ROWS - 1) / BULK_ROWS, turn = BULK_GROUPS;
+    const int most = (int)(BULK_RING / plan.stage_bytes()) / turn * turn; /* a whole number of turns */
+    plan.ns = std::max(turn, std::min(most, (stages + turn - 1) / turn * turn));
     const size_t shared = plan.shared();
     const auto kernel = decode_bulk_kernel<FORMAT>;
     static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
     if (!raised)
         raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       BULK_RING + 24 * 1024) == cudaSuccess;
-    launch_early(chain_calls(), kernel, dim3((unsigned)grid), dim3((unsigned)((plan.nw * plan.ng + 1) * WARP)), shared,
+    launch_early(chain_calls(), kernel, dim3((unsigned)grid), dim3((unsigned)((plan.nw * BULK_GROUPS + 1) * WARP)), shared,
                  stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
 }
 #endif
