@@ -2,7 +2,8 @@
  * copy bandwidth. Built and run by bench/gpu_bench.sh on a CUDA machine.
  *
  * COLI_BENCH_S1=1 times S = 1 only; COLI_BENCH_ONLY=name,... only the variants
- * whose names contain one of these; `gpu_matmul_bench profile` runs each S = 1
+ * whose names contain one of these; COLI_BENCH_SHAPES=RxC,... these shapes
+ * instead of the three decode shapes; `gpu_matmul_bench profile` runs each S = 1
  * matmul once, untimed, for a profiler.
  *
  * Method (METHOD.md of the device tool): weights rotate over copies larger than
@@ -15,6 +16,7 @@
 #include "../kernels/backend_gpu.cu"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -280,6 +282,44 @@ static void launch_simple_any(const coli_weight *w, const float *dx, int64_t s, 
     }
 }
 
+/* The floor of a chained S = 1 call: launched as decode_bulk_kernel is (a block an
+ * SM, as many threads, its shared memory), it waits for the call before, reads x,
+ * meets at a barrier and writes its rows of y, and does nothing else. */
+__global__ void chain_floor_kernel(const float *__restrict__ x, int64_t cols, float *__restrict__ y, int64_t rows) {
+    extern __shared__ float floor_shared[];
+    coli_allow_next_grid();
+    coli_wait_prior_grid();
+    float4 v[8]; /* independent loads, one trip to L2 (x of up to 8 x 4 x blockDim columns) */
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+        v[k] = c < cols / 4 ? COLI_LOAD_FRESH((const float4 *)x + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) sum += v[k].x + v[k].y + v[k].z + v[k].w;
+    floor_shared[threadIdx.x] = sum;
+    __syncthreads();
+    const int64_t r0 = rows * blockIdx.x / gridDim.x, r1 = rows * (blockIdx.x + 1) / gridDim.x;
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) y[r] = floor_shared[(r - r0) % blockDim.x];
+}
+
+static double chain_floor_us(int64_t rows, int64_t cols) {
+    float *x, *y;
+    CHECK(cudaMalloc((void **)&x, (size_t)cols * 4));
+    CHECK(cudaMalloc((void **)&y, (size_t)rows * 4));
+    CHECK(cudaMemset(x, 0, (size_t)cols * 4));
+    const size_t shared = BULK_RING + 16 * 1024;
+    CHECK(cudaFuncSetAttribute((const void *)chain_floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    const double us = time_graph([&](int) {
+        launch_early(true, chain_floor_kernel, dim3((unsigned)sm_count()), dim3((BULK_MAX_WARPS * BULK_GROUPS + 1) * WARP),
+                     shared, g_stream, (const float *)x, cols, y, rows);
+    });
+    cudaFree(x);
+    cudaFree(y);
+    return us;
+}
+
 /* max |a - b| / max |b| over n values; NaN if any value of a is not finite */
 static double rel_err(const float *da, const float *db, size_t n) {
     std::vector<float> a(n), b(n);
@@ -301,7 +341,14 @@ int main(int argc, char **argv) {
     const double copy = profile ? 1.0 : memcpy_gbps();
     if (!profile)
         printf("{\"copy_gbps\": %.1f, \"copy_kernel_1gib_gbps\": %.1f}\n", copy, copy_kernel_gbps((size_t)1 << 30));
-    const int64_t shapes[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
+    /* COLI_BENCH_SHAPES=RxC,...: other shapes than the decode ones */
+    std::vector<std::array<int64_t, 2>> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
+    if (const char *list = getenv("COLI_BENCH_SHAPES")) {
+        shapes.clear();
+        long long r, c;
+        for (const char *p = list; p && sscanf(p, "%lldx%lld", &r, &c) == 2; p = strchr(p, ','), p = p ? p + 1 : p)
+            shapes.push_back({(int64_t)r, (int64_t)c});
+    }
     const int formats[] = {COLI_FMT_F32, COLI_FMT_Q8, COLI_FMT_Q4};
     const char *names[] = {"f32", "int8", "int4"};
     /* COLI_BENCH_S1=1: decode (S = 1) only, for a quick sweep of its variants */
@@ -326,6 +373,7 @@ int main(int argc, char **argv) {
                        (long long)w.cols, names[fi], same_read);
                 for (int blocks : {8, 4, 2, 1})
                     printf(", \"read_chained_%d_gbps\": %.1f", blocks, read_kernel_gbps<true>(qb + sb, blocks));
+                if (fi == 0 && cc_major() >= 9) printf(", \"chain_floor_us\": %.2f", chain_floor_us(w.rows, w.cols));
                 printf("}\n");
             }
             int copies = (int)((size_t)(512u << 20) / qb) + 2; /* rotate over > 512 MiB: far beyond L2 */

@@ -100,6 +100,19 @@ __device__ inline void coli_wait_prior_grid(void) {
 #endif
 }
 
+/* Bytes of {b, a} picked by the selector's nibbles (0-3 a's, 4-7 b's): the prmt
+ * instruction on NVIDIA GPUs, written out elsewhere. */
+__host__ __device__ inline uint32_t coli_byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(a, b, sel);
+#else
+    const uint64_t both = (uint64_t)b << 32 | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)(both >> 8 * (sel >> 4 * i & 7) & 0xFF) << 8 * i;
+    return r;
+#endif
+}
+
 /* Four int8 products summed into c: the dp4a instruction on NVIDIA GPUs, written
  * out elsewhere (the host, where the layout check runs it, and HIP for now). */
 __host__ __device__ inline int coli_dp4a(int a, int b, int c) {

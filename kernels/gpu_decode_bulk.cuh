@@ -148,6 +148,9 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
         return;
     }
     const int g = warp / plan.nw, w = warp % plan.nw;
+    /* int8's row scales, which no kernel writes, read before the wait: read after
+     * the sums they held up the call's end (ninth pass, a per-block timeline) */
+    const float row_scale = FORMAT == COLI_FMT_Q8 && threadIdx.x < n_rows ? scale[r0 + threadIdx.x] : 1.0f;
     coli_wait_prior_grid(); /* x is the last call's output until here */
     if (threadIdx.x == 0) stage_arrive(go);
     /* x cut into units in shared memory, a run of 8 columns a consumer thread, where
@@ -204,7 +207,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
     for (int i = threadIdx.x; i < n_rows; i += consumers * WARP) {
         float v = 0.0f;
         for (int k = 0; k < plan.nw; k++) v += part[i * plan.nw + k];
-        y[r0 + i] = FORMAT == COLI_FMT_Q8 ? v * scale[r0 + i] : v;
+        y[r0 + i] = FORMAT == COLI_FMT_Q8 ? v * (i == (int)threadIdx.x ? row_scale : scale[r0 + i]) : v;
     }
 #else
     (void)q, (void)scale, (void)rows, (void)plan, (void)x, (void)y;
@@ -214,12 +217,11 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
 
 /* Whether decode_bulk_kernel takes a weight at S = 1: sm_90; rows whole warps'
  * columns, 2048 to 4096 of them (4 warps a row at most, so that 4 groups fit a
- * block); int4 in the mma layout from 4096 rows, int8 from 8192 (at 4096 x 4096
- * it only ties decode_kernel). */
+ * block); at least 4096 rows (int4 in the mma layout). */
 static bool decode_bulk_takes(const coli_weight *w) {
     const bool fits = w->cols % BULK_COLS_PER_WARP == 0 && w->cols >= 2048 && w->cols <= BULK_MAX_WARPS * BULK_COLS_PER_WARP;
-    const bool tall = w->format == COLI_FMT_Q8 ? w->rows >= 8192 : w->layout == MMA_LAYOUT && w->rows >= 4096;
-    return fits && tall && cc_major() >= 9;
+    const bool laid = w->format == COLI_FMT_Q8 || w->layout == MMA_LAYOUT;
+    return fits && laid && w->rows >= 4096 && cc_major() >= 9;
 }
 
 /* decode_bulk_kernel, a block an SM. */

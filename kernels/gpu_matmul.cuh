@@ -167,7 +167,7 @@ __host__ __device__ inline float finite_max8(const float (&v)[8], bool &bad) {
     float m = 0.0f;
     bad = false;
     for (int j = 0; j < 8; j++) {
-        if (fabsf(v[j]) <= 3.4e38f) m = fmaxf(m, fabsf(v[j]));
+        if (fabsf(v[j]) <= 3.40282347e38f) m = fmaxf(m, fabsf(v[j])); /* FLT_MAX: finite */
         else bad = true;
     }
     return m;
@@ -505,25 +505,59 @@ __host__ __device__ inline int64_t decode_unit(int32_t layout, int64_t wn, int64
     return start * 4 + sp % 4 * nb + (piece - start);
 }
 
+/* Byte k of each of 4 words, packed (k in 0-3). */
+__host__ __device__ inline uint32_t bytes_of4(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, uint32_t k) {
+    const uint32_t two = k | (k + 4) << 4;
+    return coli_byte_perm(coli_byte_perm(w0, w1, two), coli_byte_perm(w2, w3, two), 0x5410);
+}
+
 /* x's run of 8 columns g -> its units: int8, one per word (a, b, c, E); int4, the
- * two halves of its word's 32 bytes, the second half `words` units after the first. */
+ * two halves of its word's 32 bytes, the second half `words` units after the first.
+ * Every S = 1 call starts here, so digits_of8's work is done leanly (one
+ * multiply-add whose bits hold v, the digits as the bytes they are: half the
+ * instructions, the same units bit for bit; bench/RESULTS.md, ninth pass); a run
+ * below 2^-104 takes digits_of8 itself. */
 template <int FORMAT>
 __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
-    bool bad;
-    int ex = 0, d[DIGITS][8] = {};
-    (void)frexpf(finite_max8(v, bad), &ex); /* the run's largest |x| < 2^ex */
-    if (!bad) digits_of8(v, ex, d);
+    uint32_t top = 0; /* the largest |x|'s bits: an inf or NaN is above every finite value */
+    for (int j = 0; j < 8; j++) top = top > (as_bits(v[j]) & 0x7FFFFFFFu) ? top : as_bits(v[j]) & 0x7FFFFFFFu;
+    const bool bad = top >= 0x7F800000u;
+    int ex = (int)(top >> 23) - 126; /* the run's largest |x| < 2^ex */
+    if (top < 0x00800000u) (void)frexpf(as_float(top), &ex); /* 0 or subnormal */
     const float e = digit_step(ex, bad);
+    uint32_t p[DIGITS][2] = {}; /* int8: columns 0-3 and 4-7; int4: the even and the odd (as mma_pack lays them) */
+    int sum = 0;
+    if (!bad && ex >= -104) {
+        const float step = pow2(22 - ex);
+        uint32_t w[DIGITS][8]; /* words whose byte k is the digit: c in byte 0, b in 1, a in 2 */
+        for (int j = 0; j < 8; j++) {
+            /* x 2^(22 - ex) is exact and below 2^22: added to 1.5 2^23 it rounds to an integer in the low bits */
+            int q = (int)as_bits(fmaf(v[j], step, 12582912.0f)) - 0x4B400000;
+            q = q > V_MAX ? V_MAX : q < -V_MAX ? -V_MAX : q;
+            const int w1 = q - (int)(signed char)q, w2 = w1 - (int)(signed char)(w1 >> 8) * 256;
+            w[2][j] = (uint32_t)q, w[1][j] = (uint32_t)w1, w[0][j] = (uint32_t)w2, sum += q;
+        }
+        for (int k = 0; k < DIGITS; k++) {
+            const uint32_t at = 2 - (uint32_t)k;
+            if (FORMAT == COLI_FMT_Q8)
+                p[k][0] = bytes_of4(w[k][0], w[k][1], w[k][2], w[k][3], at),
+                p[k][1] = bytes_of4(w[k][4], w[k][5], w[k][6], w[k][7], at);
+            else
+                p[k][0] = bytes_of4(w[k][0], w[k][2], w[k][4], w[k][6], at),
+                p[k][1] = bytes_of4(w[k][1], w[k][3], w[k][5], w[k][7], at);
+        }
+    } else if (!bad) {
+        int d[DIGITS][8];
+        digits_of8(v, ex, d);
+        for (int k = 0; k < DIGITS; k++) mma_pack<FORMAT>(d[k], p[k][0], p[k][1]);
+        for (int j = 0; j < 8; j++) sum += d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
+    }
     const int64_t pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
-    uint32_t p[DIGITS][2]; /* int8: columns 0-3 and 4-7; int4: the even and the odd (as mma_pack lays them) */
-    for (int k = 0; k < DIGITS; k++) mma_pack<FORMAT>(d[k], p[k][0], p[k][1]);
     if (FORMAT == COLI_FMT_Q8) {
         for (int h = 0; h < 2; h++)
             out[decode_unit(layout, 2 * g + h, pieces)] =
                 make_float4(as_float(p[0][h]), as_float(p[1][h]), as_float(p[2][h]), e);
     } else {
-        int sum = 0;
-        for (int j = 0; j < 8; j++) sum += d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
         const int64_t u = decode_unit(layout, g, pieces);
         out[u] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]), as_float(p[1][1]));
         out[cols / 8 + u] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)(-8 * sum)));
@@ -1198,7 +1232,7 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
  *              sm_90, rows of 2048 to 4096 columns (whole 1024s) and at least
- *              4096 of them (int8: 8192), decode_bulk_kernel; else the
+ *              4096 of them, decode_bulk_kernel; else the
  *              decode kernel; up to 4096 x 4096 with x cut by every block
  *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
  *              above, int8 with 2 warps to a group of rows, 4 rows and one run

@@ -13,6 +13,7 @@
 #include "gpu_matmul.cuh"
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <vector>
 
@@ -198,6 +199,52 @@ template <int FORMAT> static void check_block(int chunks) {
         }
 }
 
+/* decode_units as first written (finite_max8, frexpf, digits_of8 per value): the
+ * lean form in the kernels must give the same units, bit for bit. */
+template <int FORMAT> static void reference_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
+    bool bad;
+    int ex = 0, d[DIGITS][8] = {};
+    (void)frexpf(finite_max8(v, bad), &ex);
+    if (!bad) digits_of8(v, ex, d);
+    const float e = digit_step(ex, bad);
+    const int64_t pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
+    uint32_t p[DIGITS][2];
+    for (int k = 0; k < DIGITS; k++) mma_pack<FORMAT>(d[k], p[k][0], p[k][1]);
+    if (FORMAT == COLI_FMT_Q8) {
+        for (int h = 0; h < 2; h++)
+            out[decode_unit(layout, 2 * g + h, pieces)] = make_float4(as_float(p[0][h]), as_float(p[1][h]), as_float(p[2][h]), e);
+    } else {
+        int sum = 0;
+        for (int j = 0; j < 8; j++) sum += d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
+        const int64_t u = decode_unit(layout, g, pieces);
+        out[u] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]), as_float(p[1][1]));
+        out[cols / 8 + u] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)(-8 * sum)));
+    }
+}
+
+/* Runs of every kind: wide and narrow ranges, zeros, values that round up to 2^22
+ * (then held at V_MAX), exact powers of two, runs below 2^-104 (digits_of8's own
+ * path) and subnormal ones, and an inf or NaN among finite values. */
+template <int FORMAT> static void check_units_exact() {
+    const float scales[] = {1.0f, 3.0e-3f, 7.5e4f, 1.0e-30f, 3.0e-33f, 1.0e-39f, 2.0e38f, 0.0f};
+    const int64_t cols = FORMAT == COLI_FMT_Q8 ? 16 : 32;
+    const int32_t layout = FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0;
+    for (int trial = 0; trial < 20000; trial++) {
+        float x[8];
+        for (int j = 0; j < 8; j++) x[j] = next_x(scales[trial % 8]) * (float)(next_u32() % 4);
+        if (trial % 5 == 1) x[trial % 8] = -nextafterf(ldexpf(1.0f, (int)(next_u32() % 40) - 20), 0.0f);
+        if (trial % 7 == 2) x[(trial + 3) % 8] = ldexpf(1.0f, (int)(next_u32() % 60) - 30);
+        if (trial % 11 == 3) x[trial % 8] = trial % 2 ? INFINITY : NAN;
+        if (trial % 13 == 4) x[trial % 8] = -INFINITY;
+        float4 got[4], want[4];
+        memset(got, 0x5A, sizeof got), memset(want, 0x5A, sizeof want);
+        decode_units<FORMAT>(x, 0, cols, layout, got);
+        reference_units<FORMAT>(x, 0, cols, layout, want);
+        EXPECT(memcmp(got, want, sizeof got) == 0, "format %d, trial %d: units differ from the reference (x[0] %g)",
+               FORMAT, trial, x[0]);
+    }
+}
+
 /* Rows through decode_kernel's reads: each lane's pieces, run by run (the last
  * one narrower), against the digits where decode_unit put them. extreme: every
  * value at its most negative and every x just below its E, where a word's sum
@@ -289,6 +336,8 @@ static void check_not_finite() {
 
 int main() {
     check_digits();
+    check_units_exact<COLI_FMT_Q8>();
+    check_units_exact<COLI_FMT_Q4>();
     check_not_finite();
     check_slices();
     check_layout();
