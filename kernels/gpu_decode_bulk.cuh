@@ -22,10 +22,11 @@
  * wait took 6.6 instead of 4.3 us (eighth pass, a per-block timeline); the rest
  * goes out as the consumers pass the wait.
  *
- * Measured on the H200 (bench/RESULTS.md, eighth pass): int4 14336 x 4096 10.6 us
- * against decode_kernel's 12.3, int8 15.4 against 16.2, int4 4096 x 4096 4.6 against
- * 5.2; no gain with more than 4096 columns (4 warps a stripe leave no room for
- * groups), so those keep decode_kernel. */
+ * Measured on the H200 (bench/RESULTS.md, ninth pass), against the best of the
+ * other kernels: int4 14336 x 4096 10.2 us (12.1), int4 4096 x 4096 4.5 (4.75),
+ * int8 14336 x 4096 14.8 (14.9), int8 4096 x 4096 5.7 (5.9); no gain with more
+ * than 4096 columns (4 warps a stripe leave no room for groups), so those keep
+ * decode_kernel. */
 #ifndef COLI_GPU_DECODE_BULK_CUH
 #define COLI_GPU_DECODE_BULK_CUH
 
