@@ -312,7 +312,7 @@ static double chain_floor_us(int64_t rows, int64_t cols) {
     const size_t shared = BULK_RING + 16 * 1024;
     CHECK(cudaFuncSetAttribute((const void *)chain_floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
     const double us = time_graph([&](int) {
-        launch_early(true, chain_floor_kernel, dim3((unsigned)sm_count()), dim3((BULK_MAX_WARPS * BULK_GROUPS + 1) * WARP),
+        launch_early(true, chain_floor_kernel, dim3((unsigned)sm_count()), dim3(BULK_MAX_THREADS),
                      shared, g_stream, (const float *)x, cols, y, rows);
     });
     cudaFree(x);
@@ -346,8 +346,10 @@ int main(int argc, char **argv) {
     if (const char *list = getenv("COLI_BENCH_SHAPES")) {
         shapes.clear();
         long long r, c;
-        for (const char *p = list; p && sscanf(p, "%lldx%lld", &r, &c) == 2; p = strchr(p, ','), p = p ? p + 1 : p)
+        for (const char *p = list; sscanf(p, "%lldx%lld", &r, &c) == 2; p++) {
             shapes.push_back({(int64_t)r, (int64_t)c});
+            if (!(p = strchr(p, ','))) break;
+        }
     }
     const int formats[] = {COLI_FMT_F32, COLI_FMT_Q8, COLI_FMT_Q4};
     const char *names[] = {"f32", "int8", "int4"};

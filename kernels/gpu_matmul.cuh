@@ -520,7 +520,10 @@ __host__ __device__ inline uint32_t bytes_of4(uint32_t w0, uint32_t w1, uint32_t
 template <int FORMAT>
 __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
     uint32_t top = 0; /* the largest |x|'s bits: an inf or NaN is above every finite value */
-    for (int j = 0; j < 8; j++) top = top > (as_bits(v[j]) & 0x7FFFFFFFu) ? top : as_bits(v[j]) & 0x7FFFFFFFu;
+    for (int j = 0; j < 8; j++) {
+        const uint32_t a = as_bits(v[j]) & 0x7FFFFFFFu;
+        top = a > top ? a : top;
+    }
     const bool bad = top >= 0x7F800000u;
     int ex = (int)(top >> 23) - 126; /* the run's largest |x| < 2^ex */
     if (top < 0x00800000u) (void)frexpf(as_float(top), &ex); /* 0 or subnormal */
