@@ -237,11 +237,12 @@ static void walk_variant(const coli_weight *w, const float *dx, int64_t, float *
     else launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
 }
 #define WALK(R, D) {"decode walk R" #R " D" #D, 1, nullptr, walk_variant<COLI_FMT_Q8, R, D>, walk_variant<COLI_FMT_Q4, R, D>}
-template <int FORMAT>
+template <int FORMAT, int BLOCKS_PER_SM>
 static void bulk_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    if (decode_bulk_takes(w)) launch_decode_bulk<FORMAT>(w, dx, dy, stream);
+    if (decode_bulk_takes(w)) launch_decode_bulk<FORMAT>(w, dx, dy, stream, BLOCKS_PER_SM);
     else launch_decode<FORMAT, 2, 4>(w, dx, g_bench_planes, dy, stream);
 }
+#define BULK(NAME, B) {"decode bulk" NAME, 1, nullptr, bulk_variant<COLI_FMT_Q8, B>, bulk_variant<COLI_FMT_Q4, B>}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
@@ -251,7 +252,7 @@ static const variant VARIANTS[] = {
     FUSED(2, 3), FUSED(2, 4), FUSED(4, 2),
     DECODE_KS(2, 3, 2), DECODE_KS(2, 4, 2), DECODE_KS(2, 2, 2), DECODE_KS(4, 1, 2), DECODE_KS(4, 2, 2), DECODE_KS(4, 2, 4),
     DECODE_KS(3, 2, 2), WALK(2, 3), WALK(2, 4), WALK(2, 2),
-    {"decode bulk", 1, nullptr, bulk_variant<COLI_FMT_Q8>, bulk_variant<COLI_FMT_Q4>},
+    BULK("", 0), BULK(" one", 1), BULK(" two", 2),
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),

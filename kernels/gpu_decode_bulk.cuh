@@ -21,10 +21,13 @@
  * copied early fills the memory system ahead of that call's last loads, and the
  * wait took 6.6 instead of 4.3 us (eighth pass, a per-block timeline); the rest
  * goes out as the consumers pass the wait.
+ * A block takes a whole SM's shared memory, so the next call's block starts only
+ * when this one leaves; where a block's stages all fit in half of it, two blocks
+ * share an SM (launch_decode_bulk) and the next call's is resident early.
  *
- * Measured on the H200 (bench/RESULTS.md, ninth pass), against the best of the
- * other kernels: int4 14336 x 4096 10.2 us (12.1), int4 4096 x 4096 4.5 (4.75),
- * int8 14336 x 4096 14.8 (14.9), int8 4096 x 4096 5.7 (5.9); no gain with more
+ * Measured on the H200 (bench/RESULTS.md, ninth and tenth passes), against the
+ * best of the other kernels: int4 14336 x 4096 10.2 us (12.1), int4 4096 x 4096
+ * 3.9 (4.7), int8 14336 x 4096 14.8 (14.9), int8 4096 x 4096 5.7 (5.9); no gain with more
  * than 4096 columns (4 warps a stripe leave no room for groups), so those keep
  * decode_kernel. */
 #ifndef COLI_GPU_DECODE_BULK_CUH
@@ -34,6 +37,7 @@
 #define BULK_COLS_PER_WARP 1024 /* 32 columns a lane */
 #define BULK_MAX_WARPS 4        /* warps a row at most (4096 columns) */
 #define BULK_ROWS 4             /* rows a stage */
+#define BULK_TWO_ROWS 8         /* rows a stage with two blocks an SM */
 #define BULK_GROUPS 4           /* groups of consumer warps */
 #define BULK_PRE 4              /* stages copied before the wait */
 #define BULK_RING (200 * 1024)  /* shared memory for the stages */
@@ -81,11 +85,11 @@ __device__ inline void stage_copy(void *dst, const void *src, uint32_t bytes, ui
  * warp's sums of the block's rows, x's units, then the stages (128-byte aligned). */
 struct bulk_plan {
     int64_t cols, row_w, row_s; /* a row's columns, and bytes of its W and of its scales */
-    int nw, ns, rows_max;       /* consumer warps a row (a group), stages, a block's rows at most */
+    int nw, ns, rows_max, t;    /* consumer warps a row (a group), stages, a block's rows at most, rows a stage */
     __host__ __device__ size_t part_at() const { return (size_t)(2 * ns + 1) * 8; }
     __host__ __device__ size_t units_at() const { return (part_at() + (size_t)rows_max * nw * 4 + 127) / 128 * 128; }
     __host__ __device__ size_t stage_at() const { return (units_at() + (size_t)cols * 4 + 127) / 128 * 128; }
-    __host__ __device__ size_t stage_bytes() const { return (size_t)BULK_ROWS * (size_t)(row_w + row_s); }
+    __host__ __device__ size_t stage_bytes() const { return (size_t)t * (size_t)(row_w + row_s); }
     __host__ __device__ size_t shared() const { return stage_at() + (size_t)ns * stage_bytes(); }
 };
 
@@ -111,12 +115,12 @@ template <int T> __device__ inline void bulk_reduce(float (&v)[T], int lane) {
     for (int o = WARP / 2 / T; o >= 1; o /= 2) v[0] += COLI_SHFL_XOR(v[0], o);
 }
 
-template <int FORMAT>
-__global__ void __launch_bounds__(BULK_MAX_THREADS, 1)
+template <int FORMAT, int MINB, int T>
+__global__ void __launch_bounds__(BULK_MAX_THREADS, MINB)
     decode_bulk_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, bulk_plan plan,
                        const float *__restrict__ x, float *__restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int T = BULK_ROWS, P = FORMAT == COLI_FMT_Q8 ? 2 : 1; /* 16-byte pieces a lane and row */
+    constexpr int P = FORMAT == COLI_FMT_Q8 ? 2 : 1; /* 16-byte pieces a lane and row */
     extern __shared__ __align__(128) uint8_t bulk_shared[];
     uint64_t *full = (uint64_t *)bulk_shared, *empty = full + plan.ns, *go = empty + plan.ns;
     float *part = (float *)(bulk_shared + plan.part_at());
@@ -225,26 +229,57 @@ static bool decode_bulk_takes(const coli_weight *w) {
     return fits && laid && w->rows >= 4096 && cc_major() >= 9;
 }
 
-/* decode_bulk_kernel, a block an SM. */
-template <int FORMAT> static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+/* Shared memory a block may have when two share an SM. */
+static size_t bulk_two_shared(void) {
+    static int per_sm = -1, reserved = -1;
+    const int sm = device_attribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+    const int held = device_attribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock);
+    return sm / 2 > held ? (size_t)(sm / 2 - held) : 0;
+}
+
+template <int FORMAT> static bulk_plan bulk_plan_for(const coli_weight *w, int t, size_t ring) {
     bulk_plan plan;
     plan.cols = w->cols;
     plan.row_w = FORMAT == COLI_FMT_Q8 ? w->cols : w->cols / 2;
     plan.row_s = FORMAT == COLI_FMT_Q8 ? 0 : w->cols / 32 * 4;
     plan.nw = (int)(w->cols / BULK_COLS_PER_WARP);
-    const int64_t grid = sm_count();
-    plan.rows_max = (int)((w->rows + grid - 1) / grid);
-    const int stages = (plan.rows_max + BULK_ROWS - 1) / BULK_ROWS, turn = BULK_GROUPS;
-    const int most = (int)(BULK_RING / plan.stage_bytes()) / turn * turn; /* a whole number of turns */
+    plan.rows_max = (int)((w->rows + sm_count() - 1) / sm_count());
+    plan.t = t;
+    const int stages = (plan.rows_max + t - 1) / t, turn = BULK_GROUPS;
+    const int most = (int)(ring / plan.stage_bytes()) / turn * turn; /* a whole number of turns */
     plan.ns = std::max(turn, std::min(most, (stages + turn - 1) / turn * turn));
-    const size_t shared = plan.shared();
-    const auto kernel = decode_bulk_kernel<FORMAT>;
+    return plan;
+}
+
+template <int FORMAT, int MINB, int T>
+static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    const auto kernel = decode_bulk_kernel<FORMAT, MINB, T>;
     static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
     if (!raised)
         raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      BULK_RING + 24 * 1024) == cudaSuccess;
-    launch_early(chain_calls(), kernel, dim3((unsigned)grid), dim3((unsigned)((plan.nw * BULK_GROUPS + 1) * WARP)), shared,
-                 stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
+                                      BULK_RING + 24 * 1024) == cudaSuccess &&
+                 cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    launch_early(chain_calls(), kernel, dim3((unsigned)sm_count()), dim3((unsigned)((plan.nw * BULK_GROUPS + 1) * WARP)),
+                 plan.shared(), stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
+}
+
+/* decode_bulk_kernel, a block an SM; or two, when all of a block's stages fit in
+ * half an SM's shared memory (at most 56 registers a thread, 8 rows a stage): then
+ * the next call's block becomes resident beside this one and copies its stages
+ * while this one runs, not after it has left (tenth pass: int4 4096 x 4096 4.52
+ * -> 3.88 us, int8 4096 x 2048 3.41 -> 2.95). `blocks_per_sm` 1 or 2 forces one
+ * form (the bench compares them); 0 picks. */
+template <int FORMAT>
+static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
+    bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING);
+    const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max;
+    if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits)) {
+        two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
+        launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
+    } else {
+        launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, stream);
+    }
 }
 #endif
 
