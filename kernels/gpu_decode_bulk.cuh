@@ -27,7 +27,7 @@
  *
  * Measured on the H200 (bench/RESULTS.md, ninth and tenth passes), against the
  * best of the other kernels: int4 14336 x 4096 10.2 us (12.1), int4 4096 x 4096
- * 3.9 (4.7), int8 14336 x 4096 14.8 (14.9), int8 4096 x 4096 5.7 (5.9); no gain with more
+ * 3.8 (4.7), int8 14336 x 4096 14.8 (14.9), int8 4096 x 4096 5.7 (5.9); no gain with more
  * than 4096 columns (4 warps a stripe leave no room for groups), so those keep
  * decode_kernel. */
 #ifndef COLI_GPU_DECODE_BULK_CUH
@@ -42,6 +42,11 @@
 #define BULK_PRE 4              /* stages copied before the wait */
 #define BULK_RING (200 * 1024)  /* shared memory for the stages */
 #define BULK_MAX_THREADS ((BULK_MAX_WARPS * BULK_GROUPS + 1) * WARP)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 /* 1024 threads an SM or fewer: two blocks cannot fit */
+#define BULK_MIN_BLOCKS(n) 1
+#else
+#define BULK_MIN_BLOCKS(n) (n)
+#endif
 
 __device__ inline uint32_t shared_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -116,7 +121,7 @@ template <int T> __device__ inline void bulk_reduce(float (&v)[T], int lane) {
 }
 
 template <int FORMAT, int MINB, int T>
-__global__ void __launch_bounds__(BULK_MAX_THREADS, MINB)
+__global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
     decode_bulk_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, bulk_plan plan,
                        const float *__restrict__ x, float *__restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

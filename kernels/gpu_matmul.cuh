@@ -511,14 +511,12 @@ __host__ __device__ inline uint32_t bytes_of4(uint32_t w0, uint32_t w1, uint32_t
     return coli_byte_perm(coli_byte_perm(w0, w1, two), coli_byte_perm(w2, w3, two), 0x5410);
 }
 
-/* x's run of 8 columns g -> its units: int8, one per word (a, b, c, E); int4, the
- * two halves of its word's 32 bytes, the second half `words` units after the first.
- * Every S = 1 call starts here, so digits_of8's work is done leanly (one
- * multiply-add whose bits hold v, the digits as the bytes they are: half the
- * instructions, the same units bit for bit; bench/RESULTS.md, ninth pass); a run
- * below 2^-104 takes digits_of8 itself. */
-template <int FORMAT>
-__host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
+/* x's run of 8 columns -> its units: int8, one a word (a, b, c, E); int4, the two
+ * halves of its word's 32 bytes. Every S = 1 call starts here, so digits_of8's work
+ * is done leanly (one multiply-add whose bits hold v, the digits as the bytes they
+ * are: a third of the instructions, the same units bit for bit; bench/RESULTS.md,
+ * ninth and tenth passes); a run below 2^-104 takes digits_of8 itself. */
+template <int FORMAT> __host__ __device__ inline void run_units(const float (&v)[8], float4 (&units)[2]) {
     uint32_t top = 0; /* the largest |x|'s bits: an inf or NaN is above every finite value */
     for (int j = 0; j < 8; j++) {
         const uint32_t a = as_bits(v[j]) & 0x7FFFFFFFu;
@@ -532,22 +530,24 @@ __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int
     int sum = 0;
     if (!bad && ex >= -104) {
         const float step = pow2(22 - ex);
-        uint32_t w[DIGITS][8]; /* words whose byte k is the digit: c in byte 0, b in 1, a in 2 */
+        /* q = a 2^16 + b 2^8 + c with b and c in [-128, 127]: q + 0x808080 has a + 128,
+         * b + 128 and c + 128 as its bytes 2, 1 and 0 (no byte carries into the next),
+         * and a digit's byte is its biased byte with the top bit flipped */
+        uint32_t u[8];
         for (int j = 0; j < 8; j++) {
             /* x 2^(22 - ex) is exact and below 2^22: added to 1.5 2^23 it rounds to an integer in the low bits */
             int q = (int)as_bits(fmaf(v[j], step, 12582912.0f)) - 0x4B400000;
             q = q > V_MAX ? V_MAX : q < -V_MAX ? -V_MAX : q;
-            const int w1 = q - (int)(signed char)q, w2 = w1 - (int)(signed char)(w1 >> 8) * 256;
-            w[2][j] = (uint32_t)q, w[1][j] = (uint32_t)w1, w[0][j] = (uint32_t)w2, sum += q;
+            u[j] = (uint32_t)q + 0x808080u, sum += q;
         }
         for (int k = 0; k < DIGITS; k++) {
             const uint32_t at = 2 - (uint32_t)k;
             if (FORMAT == COLI_FMT_Q8)
-                p[k][0] = bytes_of4(w[k][0], w[k][1], w[k][2], w[k][3], at),
-                p[k][1] = bytes_of4(w[k][4], w[k][5], w[k][6], w[k][7], at);
+                p[k][0] = bytes_of4(u[0], u[1], u[2], u[3], at) ^ 0x80808080u,
+                p[k][1] = bytes_of4(u[4], u[5], u[6], u[7], at) ^ 0x80808080u;
             else
-                p[k][0] = bytes_of4(w[k][0], w[k][2], w[k][4], w[k][6], at),
-                p[k][1] = bytes_of4(w[k][1], w[k][3], w[k][5], w[k][7], at);
+                p[k][0] = bytes_of4(u[0], u[2], u[4], u[6], at) ^ 0x80808080u,
+                p[k][1] = bytes_of4(u[1], u[3], u[5], u[7], at) ^ 0x80808080u;
         }
     } else if (!bad) {
         int d[DIGITS][8];
@@ -555,15 +555,28 @@ __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int
         for (int k = 0; k < DIGITS; k++) mma_pack<FORMAT>(d[k], p[k][0], p[k][1]);
         for (int j = 0; j < 8; j++) sum += d[0][j] * 65536 + d[1][j] * 256 + d[2][j];
     }
+    if (FORMAT == COLI_FMT_Q8) {
+        for (int h = 0; h < 2; h++) units[h] = make_float4(as_float(p[0][h]), as_float(p[1][h]), as_float(p[2][h]), e);
+    } else {
+        units[0] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]), as_float(p[1][1]));
+        units[1] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)(-8 * sum)));
+    }
+}
+
+/* x's run of 8 columns g -> its units (run_units), where decode_kernel's lanes read
+ * them: int8 one a word (a, b, c, E); int4 the two halves of its word's, the second
+ * half `words` units after the first. */
+template <int FORMAT>
+__host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
+    float4 u[2];
+    run_units<FORMAT>(v, u);
     const int64_t pieces = cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32);
     if (FORMAT == COLI_FMT_Q8) {
-        for (int h = 0; h < 2; h++)
-            out[decode_unit(layout, 2 * g + h, pieces)] =
-                make_float4(as_float(p[0][h]), as_float(p[1][h]), as_float(p[2][h]), e);
+        for (int h = 0; h < 2; h++) out[decode_unit(layout, 2 * g + h, pieces)] = u[h];
     } else {
-        const int64_t u = decode_unit(layout, g, pieces);
-        out[u] = make_float4(as_float(p[0][0]), as_float(p[0][1]), as_float(p[1][0]), as_float(p[1][1]));
-        out[cols / 8 + u] = make_float4(as_float(p[2][0]), as_float(p[2][1]), e, as_float((uint32_t)(-8 * sum)));
+        const int64_t at = decode_unit(layout, g, pieces);
+        out[at] = u[0];
+        out[cols / 8 + at] = u[1];
     }
 }
 

@@ -53,10 +53,18 @@ def _engine(
     launcher: Sequence[str], host: Path, args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 600
 ) -> _Run:
     argv = [*launcher, str(host), *args, "--json"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return _Run(None, -1, f"cannot run {host.name}: {exc}")
+    for _ in range(2 if launcher else 1):
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return _Run(None, -1, f"cannot run {host.name}: {exc}")
+        # The engine says why on every failure; a failed run that printed nothing at all
+        # is the launcher's (Wine failed to start it, seen once in a full CI run): one
+        # more go. An engine that fails silently every time still fails.
+        if proc.returncode == 0 or proc.stdout.strip() or proc.stderr.strip():
+            break
     message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
     try:
         data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
