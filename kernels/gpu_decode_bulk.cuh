@@ -272,19 +272,19 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
 /* decode_bulk_kernel, a block an SM; or two, when all of a block's stages fit in
  * half an SM's shared memory (at most 56 registers a thread, 8 rows a stage): then
  * the next call's block becomes resident beside this one and copies its stages
- * while this one runs, not after it has left (tenth pass: int4 4096 x 4096 4.52
- * -> 3.88 us, int8 4096 x 2048 3.41 -> 2.95). `blocks_per_sm` 1 or 2 forces one
+ * while this one runs, not after it has left (tenth pass: int4 4096 x 4096 4.53
+ * -> 3.86 us, int8 4096 x 2048 3.41 -> 2.95). `blocks_per_sm` 1 or 2 forces one
  * form (the bench compares them); 0 picks. */
 template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
-    bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING);
+    bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
     const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max;
-    if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits)) {
+    if (blocks_per_sm == 2 && !fits) /* forced: as many stages as half an SM holds */
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
+    if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits))
         launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
-    } else {
+    else
         launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, stream);
-    }
 }
 #endif
 

@@ -564,8 +564,8 @@ template <int FORMAT> __host__ __device__ inline void run_units(const float (&v)
 }
 
 /* x's run of 8 columns g -> its units (run_units), where decode_kernel's lanes read
- * them: int8 one a word (a, b, c, E); int4 the two halves of its word's, the second
- * half `words` units after the first. */
+ * them: int8 one a word; int4 the two halves of its word's, the second half cols / 8
+ * units after the first. */
 template <int FORMAT>
 __host__ __device__ inline void decode_units(const float (&v)[8], int64_t g, int64_t cols, int32_t layout, float4 *out) {
     float4 u[2];
