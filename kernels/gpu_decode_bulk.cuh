@@ -17,17 +17,21 @@
  *     several warps at work.
  *   - A stage's rows meet across a warp's lanes in one reduce-scatter and across
  *     the warps, at the end, in shared memory in a fixed order.
- * Only BULK_PRE stages are copied before the wait for the call before. A full ring
- * copied early fills the memory system ahead of that call's last loads, and the
- * wait took 6.6 instead of 4.3 us (eighth pass, a per-block timeline); the rest
- * goes out as the consumers pass the wait.
+ * With a block an SM only some stages are copied before the wait for the call
+ * before: a full ring copied early fills the memory system ahead of that call's
+ * last loads, and the wait took 6.6 instead of 4.3 us (eighth pass, a per-block
+ * timeline). Half of a block's stages, at most BULK_PRE, go early; the rest as the
+ * consumers pass the wait or, where half went early, once they have cut x into
+ * units, so that x's loads do not queue behind them (eleventh pass: int8 4096 x
+ * 4096 5.81 -> 5.60 us, 14336 x 4096 15.0 -> 14.4). Two blocks an SM copy every
+ * stage early (int4 8192 x 2048 4.33 -> 3.85).
  * A block takes a whole SM's shared memory, so the next call's block starts only
  * when this one leaves; where a block's stages all fit in half of it, two blocks
  * share an SM (launch_decode_bulk) and the next call's is resident early.
  *
- * Measured on the H200 (bench/RESULTS.md, ninth and tenth passes), against the
- * best of the other kernels: int4 14336 x 4096 10.2 us (12.1), int4 4096 x 4096
- * 3.8 (4.7), int8 14336 x 4096 14.8 (14.9), int8 4096 x 4096 5.7 (5.9); no gain with more
+ * Measured on the H200 (bench/RESULTS.md, ninth to eleventh passes), against the
+ * best of the other kernels: int4 14336 x 4096 10.3 us (12.1), int4 4096 x 4096
+ * 3.8 (4.7), int8 14336 x 4096 14.5 (15.0), int8 4096 x 4096 5.6 (5.7); no gain with more
  * than 4096 columns (4 warps a stripe leave no room for groups), so those keep
  * decode_kernel. */
 #ifndef COLI_GPU_DECODE_BULK_CUH
@@ -39,7 +43,7 @@
 #define BULK_ROWS 4             /* rows a stage */
 #define BULK_TWO_ROWS 8         /* rows a stage with two blocks an SM */
 #define BULK_GROUPS 4           /* groups of consumer warps */
-#define BULK_PRE 4              /* stages copied before the wait */
+#define BULK_PRE 8              /* stages copied before the wait, at most (a block an SM) */
 #define BULK_RING (200 * 1024)  /* shared memory for the stages */
 #define BULK_MAX_THREADS ((BULK_MAX_WARPS * BULK_GROUPS + 1) * WARP)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 /* 1024 threads an SM or fewer: two blocks cannot fit */
@@ -91,6 +95,7 @@ __device__ inline void stage_copy(void *dst, const void *src, uint32_t bytes, ui
 struct bulk_plan {
     int64_t cols, row_w, row_s; /* a row's columns, and bytes of its W and of its scales */
     int nw, ns, rows_max, t;    /* consumer warps a row (a group), stages, a block's rows at most, rows a stage */
+    int pre, late;              /* a block an SM: stages copied before the wait; 1: the rest once x is in units */
     __host__ __device__ size_t part_at() const { return (size_t)(2 * ns + 1) * 8; }
     __host__ __device__ size_t units_at() const { return (part_at() + (size_t)rows_max * nw * 4 + 127) / 128 * 128; }
     __host__ __device__ size_t stage_at() const { return (units_at() + (size_t)cols * 4 + 127) / 128 * 128; }
@@ -145,7 +150,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
         if (lane == 0)
             for (int s = 0; s < n_stages; s++) {
                 const int b = s % plan.ns, k = s / plan.ns, n = min(T, n_rows - s * T);
-                if (s == BULK_PRE) stage_wait(go, 0);
+                if (MINB == 1 && s == plan.pre) stage_wait(go, 0); /* two blocks an SM: every stage early */
                 if (k > 0) stage_wait(&empty[b], (k - 1) & 1);
                 uint8_t *st = stages + (size_t)b * stage_bytes;
                 const int64_t row = r0 + (int64_t)s * T;
@@ -162,7 +167,8 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
      * the sums they held up the call's end (ninth pass, a per-block timeline) */
     const float row_scale = FORMAT == COLI_FMT_Q8 && threadIdx.x < n_rows ? scale[r0 + threadIdx.x] : 1.0f;
     coli_wait_prior_grid(); /* x is the last call's output until here */
-    if (threadIdx.x == 0) stage_arrive(go);
+    const bool late = MINB == 1 && plan.late;
+    if (threadIdx.x == 0 && !late) stage_arrive(go);
     /* x cut into units in shared memory, a run of 8 columns a consumer thread, where
      * decode_kernel's lanes would read them (decode_unit); then each lane takes its own:
      * int4 its piece's 4 words, int8 its 2 pieces' 4 words each */
@@ -170,6 +176,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
     for (int64_t r = threadIdx.x; r < plan.cols / 8; r += consumers * WARP)
         decode_prep_run<FORMAT>(x, r, plan.cols, FORMAT == COLI_FMT_Q4 ? MMA_LAYOUT : 0, units);
     asm volatile("bar.sync 2, %0;" ::"r"(consumers * WARP) : "memory"); /* the consumers only */
+    if (threadIdx.x == 0 && late) stage_arrive(go);
     float4 u[4 * P][FORMAT == COLI_FMT_Q8 ? 1 : 2];
 #pragma unroll
     for (int m = 0; m < 4 * P; m++) {
@@ -253,6 +260,7 @@ template <int FORMAT> static bulk_plan bulk_plan_for(const coli_weight *w, int t
     const int stages = (plan.rows_max + t - 1) / t, turn = BULK_GROUPS;
     const int most = (int)(ring / plan.stage_bytes()) / turn * turn; /* a whole number of turns */
     plan.ns = std::max(turn, std::min(most, (stages + turn - 1) / turn * turn));
+    plan.pre = std::min(BULK_PRE, stages / 2), plan.late = 2 * plan.pre >= stages; /* a block an SM (MINB 1) */
     return plan;
 }
 
