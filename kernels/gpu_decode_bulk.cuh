@@ -24,7 +24,7 @@
  * consumers pass the wait or, where half went early, once they have cut x into
  * units, so that x's loads do not queue behind them (eleventh pass: int8 4096 x
  * 4096 5.81 -> 5.60 us, 14336 x 4096 15.0 -> 14.4). Two blocks an SM copy every
- * stage early (int4 8192 x 2048 4.33 -> 3.85).
+ * stage early (int4 8192 x 2048 4.33 -> 3.86).
  * A block takes a whole SM's shared memory, so the next call's block starts only
  * when this one leaves; where a block's stages all fit in half of it, two blocks
  * share an SM (launch_decode_bulk) and the next call's is resident early.
