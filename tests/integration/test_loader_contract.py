@@ -165,13 +165,17 @@ def test_a_hard_link_to_the_configured_file_is_the_same_file(fx: Fixtures) -> No
 def test_a_runtime_missing_a_procedure_is_refused(fx: Fixtures) -> None:
     """A backend importing a procedure the configured runtime lacks. Linux and Windows
     refuse the load (Windows: error 127, classified by test_windows_error_words).
-    Wine differs: it binds the missing import to a stub and aborts when it is
-    called, so under Wine this checks that the process stops there, naming it."""
+    Wine differs: it binds the missing import to a stub and stops the process when it
+    is called, so under Wine this checks that the process stops there, naming it,
+    before it reports any result. Wine's exit status after that stop depends on
+    whether its debugger starts (0 on some machines), so it is not checked there."""
     r = open_hip(fx, fx.dir_of("lean"))
-    assert r["rc"] != 0, r
-    if fx.platform.windows:
+    if fx.platform.under_wine:
+        assert r.get("no_json") is True, r
+        assert "unimplemented function" in str(r["stderr"]), r
         assert "coli_stub_runtime_extra" in str(r["stderr"]), r
     else:
+        assert r["rc"] != 0, r
         assert "coli_stub_runtime_extra" in str(r["error"]), r
 
 
