@@ -287,7 +287,10 @@ template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
     const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max;
-    if (blocks_per_sm == 2 && !fits) /* forced: as many stages as half an SM holds */
+    /* forced: as many stages as half an SM holds, but at least a turn of the groups (a
+     * slot must stay one group's), so where a turn does not fit (int8 at 4096 columns:
+     * 4 stages, 145 KB) the block takes a whole SM (thirteenth pass) */
+    if (blocks_per_sm == 2 && !fits)
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
     if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits))
         launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
