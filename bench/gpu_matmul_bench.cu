@@ -3,8 +3,9 @@
  *
  * COLI_BENCH_S1=1 times S = 1 only; COLI_BENCH_ONLY=name,... only the variants
  * whose names contain one of these; COLI_BENCH_SHAPES=RxC,... these shapes
- * instead of the three decode shapes; `gpu_matmul_bench profile` runs each S = 1
- * matmul once, untimed, for a profiler.
+ * instead of the three decode shapes (bench_env.h says what each allows; a wrong
+ * value stops the run with exit status 2); `gpu_matmul_bench profile` runs each
+ * S = 1 matmul once, untimed, for a profiler.
  *
  * Method (METHOD.md of the device tool): weights rotate over copies larger than
  * L2, so every launch reads HBM; 100 launches are captured in a CUDA graph and
@@ -14,6 +15,7 @@
  *
  *   gpu_matmul_bench  -> one JSON line per measurement on stdout */
 #include "../kernels/backend_gpu.cu"
+#include "bench_env.h"
 
 #include <algorithm>
 #include <array>
@@ -338,20 +340,24 @@ static double rel_err(const float *da, const float *db, size_t n) {
 int main(int argc, char **argv) {
     /* `profile`: each S = 1 matmul once, untimed, for a profiler (ncu -k regex:decode) */
     const bool profile = argc > 1 && strcmp(argv[1], "profile") == 0;
+    /* the settings, checked before the GPU is touched; an empty one counts as unset */
+    std::vector<bench_shape> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
+    std::vector<std::string> variant_names;
+    for (const variant &v : VARIANTS) variant_names.push_back(v.name);
+    std::string err = argc > 2 || (argc == 2 && !profile) ? std::string("unknown argument '") + argv[argc - 1] +
+                                                               "' (allowed: none, or `profile`)"
+                                                         : "";
+    if (const char *e = getenv("COLI_BENCH_SHAPES"); err.empty() && e && *e) err = bench_parse_shapes(e, shapes);
+    if (const char *e = getenv("COLI_BENCH_ONLY"); err.empty() && e && *e) err = bench_check_only(e, variant_names);
+    if (const char *e = getenv("COLI_BENCH_S1"); err.empty() && e && *e) err = bench_check_s1(e);
+    if (!err.empty()) {
+        fprintf(stderr, "gpu_matmul_bench: %s\n", err.c_str());
+        return 2;
+    }
     CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     const double copy = profile ? 1.0 : memcpy_gbps();
     if (!profile)
         printf("{\"copy_gbps\": %.1f, \"copy_kernel_1gib_gbps\": %.1f}\n", copy, copy_kernel_gbps((size_t)1 << 30));
-    /* COLI_BENCH_SHAPES=RxC,...: other shapes than the decode ones */
-    std::vector<std::array<int64_t, 2>> shapes = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
-    if (const char *list = getenv("COLI_BENCH_SHAPES")) {
-        shapes.clear();
-        long long r, c;
-        for (const char *p = list; sscanf(p, "%lldx%lld", &r, &c) == 2; p++) {
-            shapes.push_back({(int64_t)r, (int64_t)c});
-            if (!(p = strchr(p, ','))) break;
-        }
-    }
     const int formats[] = {COLI_FMT_F32, COLI_FMT_Q8, COLI_FMT_Q4};
     const char *names[] = {"f32", "int8", "int4"};
     /* COLI_BENCH_S1=1: decode (S = 1) only, for a quick sweep of its variants */
