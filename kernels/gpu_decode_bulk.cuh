@@ -257,9 +257,11 @@ template <int FORMAT> static bulk_plan bulk_plan_for(const coli_weight *w, int t
     plan.nw = (int)(w->cols / BULK_COLS_PER_WARP);
     plan.rows_max = (int)((w->rows + sm_count() - 1) / sm_count());
     plan.t = t;
-    const int stages = (plan.rows_max + t - 1) / t, turn = BULK_GROUPS;
-    const int most = (int)(ring / plan.stage_bytes()) / turn * turn; /* a whole number of turns */
-    plan.ns = std::max(turn, std::min(most, (stages + turn - 1) / turn * turn));
+    const int stages = (plan.rows_max + t - 1) / t, turn = BULK_GROUPS, fit = (int)(ring / plan.stage_bytes());
+    /* a slot that is filled more than once must stay one group's (a whole number of
+     * turns): a group that shared it could pass its wait on the phase before the one
+     * it wants (thirteenth pass). One round needs no such rounding. */
+    plan.ns = stages <= fit ? stages : std::max(turn, fit / turn * turn);
     plan.pre = std::min(BULK_PRE, stages / 2), plan.late = 2 * plan.pre >= stages; /* a block an SM (MINB 1) */
     return plan;
 }
@@ -281,12 +283,17 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
  * half an SM's shared memory (at most 56 registers a thread, 8 rows a stage): then
  * the next call's block becomes resident beside this one and copies its stages
  * while this one runs, not after it has left (tenth pass: int4 4096 x 4096 4.53
- * -> 3.86 us, int8 4096 x 2048 3.41 -> 2.95). `blocks_per_sm` 1 or 2 forces one
- * form (the bench compares them); 0 picks. */
+ * -> 3.86 us, int8 4096 x 2048 3.41 -> 2.95). Two blocks only up to two stages a
+ * group: the fourteenth pass took them where a block's stages fit only unrounded
+ * to a whole turn, which won with 5-6 stages (int8 6144 x 2048 4.70 -> 3.90 us,
+ * 5120 x 2048 4.33 -> 3.78; int4 6144 x 3072 4.75 -> 4.27) and lost with 9-10
+ * (int4 9216 x 2048 4.30 -> 4.74). `blocks_per_sm` 1 or 2 forces one form (the
+ * bench compares them); 0 picks. */
 template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
-    const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max;
+    const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max &&
+                      two.ns <= 2 * BULK_GROUPS;
     /* forced: as many stages as half an SM holds, but at least a turn of the groups (a
      * slot must stay one group's), so where a turn does not fit (int8 at 4096 columns:
      * 4 stages, 145 KB) the block takes a whole SM (thirteenth pass) */
