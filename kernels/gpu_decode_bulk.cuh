@@ -5,7 +5,7 @@
  * and the ring's depth competes with the arithmetic for them (bench/RESULTS.md,
  * passes 4-7). Here the copy engine streams W into shared memory instead:
  *   - A block owns a span of whole rows, which lie side by side in memory, so a
- *     stage of BULK_ROWS rows is one bulk copy for W and one for int4's scales
+ *     stage of BULK_ROWS or BULK_TWO_ROWS rows is one bulk copy for W and one for int4's scales
  *     (cp.async.bulk, counted in bytes on the stage's mbarrier), issued by one
  *     producer lane into a ring of stages as deep as shared memory allows. Loads
  *     in flight hold no registers.
@@ -41,7 +41,7 @@
 #define BULK_COLS_PER_WARP 1024 /* 32 columns a lane */
 #define BULK_MAX_WARPS 4        /* warps a row at most (4096 columns) */
 #define BULK_ROWS 4             /* rows a stage */
-#define BULK_TWO_ROWS 8         /* rows a stage with two blocks an SM */
+#define BULK_TWO_ROWS 8         /* rows a stage with two blocks an SM, or 2-3 warps a row */
 #define BULK_GROUPS 4           /* groups of consumer warps */
 #define BULK_PRE 8              /* stages copied before the wait, at most (a block an SM) */
 #define BULK_RING (200 * 1024)  /* shared memory for the stages */
@@ -287,8 +287,14 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
  * group: the fourteenth pass took them where a block's stages fit only unrounded
  * to a whole turn, which won with 5-6 stages (int8 6144 x 2048 4.70 -> 3.90 us,
  * 5120 x 2048 4.33 -> 3.78; int4 6144 x 3072 4.75 -> 4.27) and lost with 9-10
- * (int4 9216 x 2048 4.30 -> 4.74). `blocks_per_sm` 1 or 2 forces one form (the
- * bench compares them); 0 picks. */
+ * (int4 9216 x 2048 4.30 -> 4.74). A block an SM takes 8 rows a stage where a row
+ * has 2 or 3 warps (2048-3072 columns), so that a stage holds as much work for
+ * each warp as 4 rows do at 4096 columns: a group's warps then have twice the
+ * independent sums in flight, and the barrier round trips are half as many for
+ * the bytes (fourteenth pass: int4 32000 x 2048 14.97 -> 11.80 us, 128256 x 2048
+ * 55.9 -> 39.2, 16384 x 3072 9.67 -> 9.29; int8 32000 x 2048 16.8 -> 16.0; at
+ * 4096 columns 8 rows were slower, int8 14336 x 4096 14.4 -> 15.7). `blocks_per_sm`
+ * 1 or 2 forces one form (the bench compares them); 0 picks. */
 template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
@@ -301,6 +307,8 @@ static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy,
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
     if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits))
         launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
+    else if (two.nw <= 3) /* rows of 2048-3072 columns: 8 rows a stage (below) */
+        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING), w, dx, dy, stream);
     else
         launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, stream);
 }
