@@ -5,10 +5,10 @@
  * and the ring's depth competes with the arithmetic for them (bench/RESULTS.md,
  * passes 4-7). Here the copy engine streams W into shared memory instead:
  *   - A block owns a span of whole rows, which lie side by side in memory, so a
- *     stage of BULK_ROWS or BULK_TWO_ROWS rows is one bulk copy for W and one for int4's scales
- *     (cp.async.bulk, counted in bytes on the stage's mbarrier), issued by one
- *     producer lane into a ring of stages as deep as shared memory allows. Loads
- *     in flight hold no registers.
+ *     stage of BULK_ROWS (or BULK_TWO_ROWS) rows is one bulk copy for W and one
+ *     for int4's scales (cp.async.bulk, counted in bytes on the stage's
+ *     mbarrier), issued by one producer lane into a ring of stages as deep as
+ *     shared memory allows. Loads in flight hold no registers.
  *   - Consumer warps split a row's columns, 1024 each (int4: one 16-byte piece a
  *     lane and row; int8: two), and hold their lanes' units of x in registers. They
  *     cut x into units themselves, together, into shared memory (no prep kernel, so
