@@ -18,7 +18,7 @@
  * layout and with groups that are not 32; int4 decode with more groups of rows
  * than a GPU's warps at once (each warp walks several, the last group half
  * empty); int8/int4 decode streamed by the copy engine (sm_90), a block an SM
- * (8200 x 3072 and 12300 x 2048: 8 rows a stage; 8200 x 2048 int8: half its stages
+ * (8200 x 3072; 12300 x 2048: 8 rows a stage; 8200 x 2048 int8: half its stages
  * before the wait, the rest after x's units) and two (4100 x 2048; 8200 x 2048
  * int4: 8 stages, all early; 6150 x 2048: 6 stages, not a whole turn of the
  * groups), the blocks' last stages short; and the

@@ -288,13 +288,16 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
  * to a whole turn, which won with 5-6 stages (int8 6144 x 2048 4.70 -> 3.90 us,
  * 5120 x 2048 4.33 -> 3.78; int4 6144 x 3072 4.75 -> 4.27) and lost with 9-10
  * (int4 9216 x 2048 4.30 -> 4.74). A block an SM takes 8 rows a stage where a row
- * has 2 or 3 warps (2048-3072 columns), so that a stage holds as much work for
- * each warp as 4 rows do at 4096 columns: a group's warps then have twice the
- * independent sums in flight, and the barrier round trips are half as many for
- * the bytes (fourteenth pass: int4 32000 x 2048 14.97 -> 11.80 us, 128256 x 2048
- * 55.9 -> 39.2, 16384 x 3072 9.67 -> 9.29; int8 32000 x 2048 16.8 -> 16.0; at
- * 4096 columns 8 rows were slower, int8 14336 x 4096 14.4 -> 15.7). `blocks_per_sm`
- * 1 or 2 forces one form (the bench compares them); 0 picks. */
+ * has 2 warps (2048 columns; int4: or 3) and that gives each group at least 3 stages:
+ * a stage then holds as much work for each warp as 4 rows do at 4096 columns, with
+ * twice the independent sums in flight and half the barrier round trips for the
+ * bytes (fourteenth pass: int4 32000 x 2048 14.97 -> 11.80 us, 128256 x 2048 55.9
+ * -> 39.2, 12288 x 2048 6.81 -> 5.68, 16384 x 3072 9.67 -> 9.29; int8 32000 x 2048
+ * 16.8 -> 16.0). With fewer stages a group the coarser stages lost (int4 10240 x
+ * 2048 4.78 -> 5.15, 11008 x 3072 7.21 -> 7.53); int8 at 3072 columns gained
+ * nothing (16384 x 3072 12.90 -> 13.05), and at 4096 columns 8 rows were slower
+ * (int8 14336 x 4096 14.4 -> 15.7). `blocks_per_sm` 1 or 2 forces one form
+ * (the bench compares them); 0 picks. */
 template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
@@ -307,7 +310,8 @@ static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy,
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
     if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits))
         launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
-    else if (two.nw <= 3) /* rows of 2048-3072 columns: 8 rows a stage (below) */
+    else if ((two.nw == 2 || (FORMAT == COLI_FMT_Q4 && two.nw == 3)) &&
+             (two.rows_max + BULK_TWO_ROWS - 1) / BULK_TWO_ROWS >= 3 * BULK_GROUPS)
         launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING), w, dx, dy, stream);
     else
         launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, stream);
