@@ -2,7 +2,7 @@
  * is touched: a typo would otherwise time the default shapes, or no variant at
  * all, without a word. Each reader returns "" or a one-line error that names the
  * setting, what was wrong and what is allowed. Host C++17 only (tested on the host
- * by tests/unit/test_bench_env.py). */
+ * by tests/integration/test_bench_env.py). */
 #ifndef COLI_BENCH_ENV_H
 #define COLI_BENCH_ENV_H
 

@@ -264,12 +264,8 @@ static const variant VARIANTS[] = {
 static bool chosen(const char *name) {
     const char *only = getenv("COLI_BENCH_ONLY");
     if (!only || !*only) return true;
-    std::string list(only);
-    for (size_t at = 0, end; at <= list.size(); at = end + 1) {
-        end = list.find(',', at);
-        if (end == std::string::npos) end = list.size();
-        if (end > at && strstr(name, list.substr(at, end - at).c_str())) return true;
-    }
+    for (const std::string &item : bench_split(only))
+        if (!item.empty() && strstr(name, item.c_str())) return true;
     return false;
 }
 

@@ -312,7 +312,7 @@ static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy,
         launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
     else if ((two.nw == 2 || (FORMAT == COLI_FMT_Q4 && two.nw == 3)) &&
              (two.rows_max + BULK_TWO_ROWS - 1) / BULK_TWO_ROWS >= 3 * BULK_GROUPS)
-        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING), w, dx, dy, stream);
+        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(two, w, dx, dy, stream); /* unforced: 8 rows, the whole ring */
     else
         launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, stream);
 }
