@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run by hand on a CUDA machine (the device tool), after bench/gpu_check.sh's
 # correctness run: times the backend's kernels (and each S = 1 variant) at decode
-# and prefill shapes against the copy bandwidth, and PyTorch's f16 matmul at the
-# same shapes, then prints the tables (bench/gpu_summary.py).
+# and prefill shapes against the copy bandwidth, PyTorch's f16 matmul at the same
+# shapes and a whole backend call at S = 1 (bench/call_latency.c), then prints
+# the tables (bench/gpu_summary.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
@@ -11,6 +12,12 @@ nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -
   -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 /tmp/gpu_matmul_bench > "$out/kernels.jsonl"
 rc=$?
+# a whole backend call at S = 1, as the engine's decode makes it (copies and the wait included)
+work=$(mktemp -d)
+nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC,-fvisibility=hidden -Xlinker --version-script=build/gen/coli_backend.map \
+  -gencode arch=compute_90,code=sm_90 -Ibuild/gen -Ikernels -Iengine kernels/backend_gpu.cu -o "$work/libcoli_cuda.so" &&
+  gcc -std=c11 -O2 -Wall -Wextra -Ibuild/gen bench/call_latency.c -L"$work" -l:libcoli_cuda.so -o "$work/call_latency" &&
+  LD_LIBRARY_PATH="$work" "$work/call_latency" > "$out/call_latency.jsonl" || rc=1
 if [[ ${COLI_BENCH_TORCH:-1} == 1 ]]; then python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1; fi
 python3 bench/gpu_summary.py "$out" || rc=1
 # where the S = 1 kernels spend their time (hardware counters; the clocks left alone)

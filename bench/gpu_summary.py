@@ -1,5 +1,6 @@
 """The short tables at the end of a GPU run: the kernels' times from
-gpu_matmul_bench (kernels.jsonl) beside PyTorch's f16 (torch_f16.jsonl).
+gpu_matmul_bench (kernels.jsonl) beside PyTorch's f16 (torch_f16.jsonl), and a
+whole backend call's latency from call_latency (call_latency.jsonl).
 
     python3 bench/gpu_summary.py OUT_DIR
 """
@@ -51,6 +52,11 @@ def main(out: Path) -> int:
             cells = [f"{auto[(*sh, s, f)]['us']:9.1f}" if (*sh, s, f) in auto else "-" for f in FORMATS]
             theirs = f"({f16.get((*sh, s), '-')}, {f32.get((*sh, s), '-')})"
             print(f"{sh[0]:>6}x{sh[1]:<6} s={s:<4} " + " ".join(cells) + "  " + theirs)
+    calls = load(out / "call_latency.jsonl")
+    if calls:
+        print("a whole backend call at S = 1 (x in, kernel, y out, wait): median us (10th-90th percentile)")
+        for r in calls:
+            print(f"{r['rows']:>6}x{r['cols']:<6} {r['format']:>5} {r['median_us']:7.1f} ({r['p10_us']}-{r['p90_us']})")
     bad = [r for r in rows if not r["ok"]]
     for r in bad:
         print(f"WRONG: {r}")

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #if defined(_WIN32)
 #include <windows.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 #endif
 
+#include "clock.h"
 #include "utf8.h"
 #include "json_out.h"
 #include "loader.h"
@@ -49,19 +49,6 @@ static const char USAGE[] =
 static int usage_error(const char *what, const char *arg) {
     fprintf(stderr, "coli: %s%s%s (see coli --help)\n", what, arg ? ": " : "", arg ? arg : "");
     return EXIT_USAGE;
-}
-
-static double now(void) {
-#if defined(_WIN32)
-    LARGE_INTEGER f, c;
-    QueryPerformanceFrequency(&f);
-    QueryPerformanceCounter(&c);
-    return (double)c.QuadPart / (double)f.QuadPart;
-#else
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-#endif
 }
 
 static int cpu_count(void) {
@@ -222,7 +209,7 @@ int main(int argc, char **argv) {
     }
 
     model m;
-    double t_load = now();
+    double t_load = coli_now();
     int64_t max_pos = n + (generate > 0 ? generate : 0);
     if (model_load(&m, model_dir, quant, threads, have_backend ? &b : NULL, max_pos, err, sizeof err)) {
         fprintf(stderr, "coli: %s\n", err);
@@ -231,7 +218,7 @@ int main(int argc, char **argv) {
         free(ids);
         return EXIT_USAGE;
     }
-    t_load = now() - t_load;
+    t_load = coli_now() - t_load;
     int rc = EXIT_OK;
     float *logits = malloc((size_t)(n * m.c.vocab) * sizeof(float));
     int32_t *pred = malloc((size_t)(n + (generate > 0 ? generate : 0) + 1) * sizeof *pred);
@@ -249,19 +236,20 @@ int main(int argc, char **argv) {
             rc = EXIT_USAGE;
             goto out;
         }
-    t_first = now();
+    t_first = coli_now();
     if (model_forward(&m, ids, n, logits, err, sizeof err)) {
         fprintf(stderr, "coli: %s\n", err);
         rc = EXIT_RUNTIME;
         goto out;
     }
-    t_first = now() - t_first;
+    t_first = coli_now() - t_first;
     if (teacher) {
         for (int64_t s = 0; s < n; s++) argmax2(logits + s * m.c.vocab, m.c.vocab, &pred[s], &margin[s]);
     } else if (generate > 0) {
         float last;
         argmax2(logits + (n - 1) * m.c.vocab, m.c.vocab, &pred[0], &last);
-        t_rest = now();
+        m.backend_calls = 0, m.backend_seconds = 0.0; /* from here on: the decode's */
+        t_rest = coli_now();
         for (long k = 1; k < generate; k++) {
             if (model_forward(&m, &pred[k - 1], 1, logits, err, sizeof err)) {
                 fprintf(stderr, "coli: %s\n", err);
@@ -270,7 +258,7 @@ int main(int argc, char **argv) {
             }
             argmax2(logits, m.c.vocab, &pred[k], &last);
         }
-        t_rest = now() - t_rest;
+        t_rest = coli_now() - t_rest;
     }
     if (json) {
         fputs("{", stdout);
@@ -287,6 +275,8 @@ int main(int argc, char **argv) {
                    t_rest, generate > 1 ? "" : "null");
             if (generate > 1) printf("%.3f", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
         }
+        /* teacher forcing: the forward's; generation: the decode's (after the first token) */
+        printf(", \"backend_calls\": %lld, \"backend_seconds\": %.6f", (long long)m.backend_calls, m.backend_seconds);
         fputs(", \"backend\": ", stdout);
         json_string(stdout, have_backend ? b.name : NULL);
         if (backend_path && !have_backend) {
@@ -307,7 +297,12 @@ int main(int argc, char **argv) {
         printf("generated %ld tokens on %s (%s): ", generate, device_name, quant_name);
         print_ints(stdout, pred, generate);
         printf("\n");
-        if (generate > 1) printf("decode %.1f tokens/s, ", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
+        if (generate > 1) {
+            printf("decode %.1f tokens/s, ", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
+            if (m.backend_calls)
+                printf("%.0f%% of it in %lld backend calls, ", 100.0 * m.backend_seconds / (t_rest > 0 ? t_rest : 1e-9),
+                       (long long)m.backend_calls);
+        }
         printf("%d tensors resident in %s\n", m.resident, have_backend ? b.name : "no backend");
     }
 out:

@@ -66,6 +66,8 @@ typedef struct model {
     pool *pool;
     coli_backend *backend; /* NULL: CPU */
     int resident;
+    int64_t backend_calls;   /* matmuls run in the backend, and the seconds spent in them */
+    double backend_seconds;  /* (its copies and waits included): where a GPU tier's time goes */
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the

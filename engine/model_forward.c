@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "cpu_ops.h"
 #include "model.h"
 
@@ -77,7 +78,10 @@ static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, con
 
 static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
     if (l->dev) {
+        const double t = coli_now();
         coli_status st = m->backend->api.matmul(l->dev, x, s, l->cols, y);
+        m->backend_seconds += coli_now() - t;
+        m->backend_calls++;
         if (st != COLI_OK) {
             snprintf(err, errlen, "backend %s: matmul %lldx%lld failed (status %d): %s", m->backend->name,
                      (long long)l->rows, (long long)l->cols, (int)st, m->backend->api.last_error());

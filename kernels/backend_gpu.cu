@@ -185,16 +185,17 @@ static coli_status grow(float **buf, size_t *cap, size_t need) {
     return COLI_OK;
 }
 
-/* Page-locked host memory for a call's copies of x and y: the copies are then
- * queued with the kernels and the call waits once, instead of twice on copies
- * the driver stages itself. false (nothing kept) when none can be had: the call
- * then copies from and to the caller's memory directly. */
+/* Page-locked host memory for a call's copies of x and y, mapped into the
+ * device's address space: the copies are then queued with the kernels and the
+ * call waits once, instead of twice on copies the driver stages itself, and a
+ * kernel may write y there directly. false (nothing kept) when none can be had:
+ * the call then copies from and to the caller's memory directly. */
 static bool grow_pinned(float **buf, size_t *cap, size_t need) {
     if (need <= *cap) return true;
     if (*buf) (void)cudaFreeHost(*buf);
     *buf = NULL;
     *cap = 0;
-    if (cudaMallocHost((void **)buf, need) != cudaSuccess) {
+    if (cudaHostAlloc((void **)buf, need, cudaHostAllocMapped) != cudaSuccess) {
         (void)cudaGetLastError();
         *buf = NULL;
         return false;
@@ -223,9 +224,19 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
     } else {
         GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
     }
-    GPU_CHECK(launch_matmul(w, g_x, s, g_y, 0, digits ? g_planes : NULL));
+    /* One token (a decode step, bound by the call's latency): the kernel writes y
+     * straight into the page-locked copy, with no copy back to queue and wait for
+     * (the engine's decode on the H200: 24 -> 17 us a call, bench/RESULTS.md). More
+     * tokens keep the copy back: their kernels were not timed writing over PCIe. */
+    float *dy = g_y;
+    const bool direct = pinned && s == 1 && cudaHostGetDevicePointer((void **)&dy, g_hy, 0) == cudaSuccess;
+    if (!direct) {
+        (void)cudaGetLastError(); /* a device that cannot map host memory: copy back instead */
+        dy = g_y;
+    }
+    GPU_CHECK(launch_matmul(w, g_x, s, dy, 0, digits ? g_planes : NULL));
     if (pinned) {
-        GPU_CHECK(cudaMemcpyAsync(g_hy, g_y, yb, cudaMemcpyDeviceToHost, 0));
+        if (!direct) GPU_CHECK(cudaMemcpyAsync(g_hy, g_y, yb, cudaMemcpyDeviceToHost, 0));
         GPU_CHECK(cudaStreamSynchronize(0)); /* reports a kernel's failure, as the copy did */
         memcpy(y, g_hy, yb);
     } else {

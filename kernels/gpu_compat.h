@@ -25,7 +25,9 @@
 #define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
 #define cudaMemcpyAsync hipMemcpyAsync
 #define cudaStreamSynchronize hipStreamSynchronize
-#define cudaMallocHost(p, n) hipHostMalloc((p), (n), 0)
+#define cudaHostAlloc hipHostMalloc
+#define cudaHostAllocMapped hipHostMallocMapped
+#define cudaHostGetDevicePointer hipHostGetDevicePointer
 #define cudaFreeHost hipHostFree
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaGetDevice hipGetDevice

@@ -23,6 +23,7 @@ __all__ = [
 
 HOST_SOURCES = (
     "engine/main.c",
+    "engine/clock.c",
     "engine/utf8.c",
     "engine/loader.c",
     "engine/hip_binding.c",
@@ -36,6 +37,7 @@ HOST_SOURCES = (
     "kernels/cpu_ops.c",
 )
 HOST_HEADERS = (
+    "engine/clock.h",
     "engine/loader.h",
     "engine/utf8.h",
     "engine/hip_binding.h",

@@ -6,6 +6,7 @@ reader fuzzed with 10,000 mutated headers."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -47,6 +48,7 @@ def test_cpu_matches_the_oracle(sanitized: tuple[Path, Path], name: str) -> None
     tf = run_json(host, "--model", str(model), "--ids", ids(exp["ids"]), "--teacher-force", "--threads", "2")
     assert tf["tf_pred"] == exp["tf_pred"]
     assert tf["backend"] is None and tf["resident_tensors"] == 0 and tf["device"] == "cpu"
+    assert tf["backend_calls"] == 0 and tf["backend_seconds"] == 0
     margins = tf["top2_margin"]
     assert isinstance(margins, list) and len(margins) == len(exp["ids"])
     gen = run_json(host, "--model", str(model), "--ids", ids(exp["prompt"]), "--generate", "20")
@@ -62,6 +64,10 @@ def test_reference_backend_matches_the_cpu_path(sanitized: tuple[Path, Path], qu
         cpu = run_json(host, *base)
         dev = run_json(host, *base, "--backend", str(ref))
         assert dev["backend"] == "ref" and isinstance(dev["resident_tensors"], int) and dev["resident_tensors"] > 0
+        # one forward: every resident tensor's matmul once, and the time it took is counted
+        seconds, total = dev["backend_seconds"], dev["seconds"]
+        assert isinstance(seconds, float) and isinstance(total, float)
+        assert dev["backend_calls"] == dev["resident_tensors"] and 0 < seconds < total
         assert dev["tf_pred"] == cpu["tf_pred"], (name, quant)
         # the reference backend runs the same arithmetic: the logits agree to the bit
         assert dev["top2_margin"] == cpu["top2_margin"]
@@ -108,6 +114,9 @@ def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     proc = run_host(host, "--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--backend", str(ref))
     assert proc.returncode == 0
     assert f"generated 5 tokens on CPU reference (f32): {exp['generated'][:5]}" in proc.stdout
+    # the decode's share in the backend: 4 steps after the first token, each tensor once a step
+    resident = int(re.search(r"(\d+) tensors resident in ref", proc.stdout).group(1))  # type: ignore[union-attr]
+    assert re.search(rf"decode [\d.]+ tokens/s, \d+% of it in {4 * resident} backend calls, ", proc.stdout), proc.stdout
     assert "51 tensors resident in ref" in proc.stdout
 
 
