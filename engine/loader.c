@@ -29,6 +29,17 @@ const char *coli_backend_file(const char *api) {
     return NULL;
 }
 
+/* The oldest minor this host runs: the newest that introduced a mandatory function.
+ * An optional function a backend's minor predates is left out (NULL), so a host
+ * runs any backend of its major from that minor on (abi.toml's rule). */
+static uint32_t needed_minor(void) {
+    uint32_t need = 0;
+    for (size_t i = 0; i < COLI_SYMBOL_COUNT; i++)
+        if (COLI_SYMBOLS[i].mandatory && (uint32_t)COLI_SYMBOLS[i].since_minor > need)
+            need = (uint32_t)COLI_SYMBOLS[i].since_minor;
+    return need;
+}
+
 /* A function, not an inline comparison: with minor 0 the test is constant. */
 static int abi_compatible(uint32_t version, uint32_t major, uint32_t minor) {
     return (version >> 16) == major && (version & 0xFFFF) >= minor;
@@ -133,12 +144,15 @@ static int open_resolved(const char *path, coli_backend *out, char *err, size_t 
         memcpy((char *)&out->api + COLI_SYMBOLS[i].offset, &sym, sizeof sym);
     }
     uint32_t v = out->api.abi_version();
-    if (!abi_compatible(v, COLI_ABI_MAJOR, COLI_ABI_MINOR)) {
+    if (!abi_compatible(v, COLI_ABI_MAJOR, needed_minor())) {
         snprintf(err, errlen, "backend %s has ABI %u.%u, this host needs %u.%u or a later minor", path,
-                 (unsigned)(v >> 16), (unsigned)(v & 0xFFFF), (unsigned)COLI_ABI_MAJOR, (unsigned)COLI_ABI_MINOR);
+                 (unsigned)(v >> 16), (unsigned)(v & 0xFFFF), (unsigned)COLI_ABI_MAJOR, (unsigned)needed_minor());
         close_library(h);
         return 1;
     }
+    for (size_t i = 0; i < COLI_SYMBOL_COUNT; i++) /* what a backend of an older minor exports by chance is not its ABI */
+        if (!COLI_SYMBOLS[i].mandatory && (uint32_t)COLI_SYMBOLS[i].since_minor > (v & 0xFFFF))
+            memset((char *)&out->api + COLI_SYMBOLS[i].offset, 0, sizeof(void *));
     out->handle = h;
     snprintf(out->path, sizeof out->path, "%s", path);
     snprintf(out->name, sizeof out->name, "%s", out->api.backend_name());

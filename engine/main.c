@@ -248,7 +248,7 @@ int main(int argc, char **argv) {
     } else if (generate > 0) {
         float last;
         argmax2(logits + (n - 1) * m.c.vocab, m.c.vocab, &pred[0], &last);
-        m.backend_calls = 0, m.backend_seconds = 0.0; /* from here on: the decode's */
+        m.backend_calls = m.backend_matmuls = 0, m.backend_seconds = 0.0; /* from here on: the decode's */
         t_rest = coli_now();
         for (long k = 1; k < generate; k++) {
             if (model_forward(&m, &pred[k - 1], 1, logits, err, sizeof err)) {
@@ -276,7 +276,8 @@ int main(int argc, char **argv) {
             if (generate > 1) printf("%.3f", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
         }
         /* teacher forcing: the forward's; generation: the decode's (after the first token) */
-        printf(", \"backend_calls\": %lld, \"backend_seconds\": %.6f", (long long)m.backend_calls, m.backend_seconds);
+        printf(", \"backend_calls\": %lld, \"backend_matmuls\": %lld, \"backend_seconds\": %.6f",
+               (long long)m.backend_calls, (long long)m.backend_matmuls, m.backend_seconds);
         fputs(", \"backend\": ", stdout);
         json_string(stdout, have_backend ? b.name : NULL);
         if (backend_path && !have_backend) {
@@ -300,8 +301,9 @@ int main(int argc, char **argv) {
         if (generate > 1) {
             printf("decode %.1f tokens/s, ", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
             if (m.backend_calls)
-                printf("%.0f%% of it in %lld backend calls, ", 100.0 * m.backend_seconds / (t_rest > 0 ? t_rest : 1e-9),
-                       (long long)m.backend_calls);
+                printf("%.0f%% of it in %lld backend calls (%lld matmuls), ",
+                       100.0 * m.backend_seconds / (t_rest > 0 ? t_rest : 1e-9), (long long)m.backend_calls,
+                       (long long)m.backend_matmuls);
         }
         printf("%d tensors resident in %s\n", m.resident, have_backend ? b.name : "no backend");
     }

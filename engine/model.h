@@ -66,8 +66,9 @@ typedef struct model {
     pool *pool;
     coli_backend *backend; /* NULL: CPU */
     int resident;
-    int64_t backend_calls;   /* matmuls run in the backend, and the seconds spent in them */
-    double backend_seconds;  /* (its copies and waits included): where a GPU tier's time goes */
+    int64_t backend_calls;   /* calls into the backend's matmuls, the matmuls they made, and */
+    int64_t backend_matmuls; /* the seconds spent in them (copies and waits included): where */
+    double backend_seconds;  /* a GPU tier's time goes */
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the

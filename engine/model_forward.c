@@ -76,12 +76,18 @@ static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, con
     run_rows(m, &j);
 }
 
+static void add_bias(const linear *l, int64_t s, float *y) {
+    if (l->bias)
+        for (int64_t t = 0; t < s; t++)
+            for (int64_t r = 0; r < l->rows; r++) y[t * l->rows + r] += l->bias[r];
+}
+
 static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
     if (l->dev) {
         const double t = coli_now();
         coli_status st = m->backend->api.matmul(l->dev, x, s, l->cols, y);
         m->backend_seconds += coli_now() - t;
-        m->backend_calls++;
+        m->backend_calls++, m->backend_matmuls++;
         if (st != COLI_OK) {
             snprintf(err, errlen, "backend %s: matmul %lldx%lld failed (status %d): %s", m->backend->name,
                      (long long)l->rows, (long long)l->cols, (int)st, m->backend->api.last_error());
@@ -91,9 +97,36 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
         mm_job j = {l, NULL, l->rows, l->cols, x, s, y};
         run_rows(m, &j);
     }
-    if (l->bias)
-        for (int64_t t = 0; t < s; t++)
-            for (int64_t r = 0; r < l->rows; r++) y[t * l->rows + r] += l->bias[r];
+    add_bias(l, s, y);
+    return 0;
+}
+
+/* Linears that read the same x (at most MANY_MAX): one backend round trip
+ * (coli_matmul_many, ABI 1.1) where the backend has it and holds all of them,
+ * else one call each. At S = 1 a call costs 14-21 us whatever its kernel's few us
+ * (bench/RESULTS.md, fifteenth pass), so the layer's 10 become 6. */
+#define MANY_MAX 3
+static int linears_fwd(model *m, const linear *const *ls, int count, const float *x, int64_t s, float *const *ys,
+                       char *err, size_t errlen) {
+    int together = count > 1 && count <= MANY_MAX && m->backend && m->backend->api.matmul_many;
+    for (int i = 0; together && i < count; i++) together = ls[i]->dev && ls[i]->cols == ls[0]->cols;
+    if (!together) {
+        for (int i = 0; i < count; i++)
+            if (linear_fwd(m, ls[i], x, s, ys[i], err, errlen)) return 1;
+        return 0;
+    }
+    coli_tensor ts[MANY_MAX];
+    for (int i = 0; i < count; i++) ts[i] = ls[i]->dev;
+    const double t = coli_now();
+    coli_status st = m->backend->api.matmul_many(ts, count, x, s, ls[0]->cols, ys);
+    m->backend_seconds += coli_now() - t;
+    m->backend_calls++, m->backend_matmuls += count;
+    if (st != COLI_OK) {
+        snprintf(err, errlen, "backend %s: %d matmuls of %lld columns failed (status %d): %s", m->backend->name, count,
+                 (long long)ls[0]->cols, (int)st, m->backend->api.last_error());
+        return 1;
+    }
+    for (int i = 0; i < count; i++) add_bias(ls[i], s, ys[i]);
     return 0;
 }
 
@@ -254,8 +287,9 @@ static void route(const model_config *c, const float *logits, const float *bias,
 
 static int mlp(model *m, const linear *gate, const linear *up, const linear *down, const float *x, int64_t n,
                float *g, float *u, float *out, char *err, size_t errlen) {
-    TRY(linear_fwd(m, gate, x, n, g, err, errlen));
-    TRY(linear_fwd(m, up, x, n, u, err, errlen));
+    const linear *gu[] = {gate, up};
+    float *const gu_out[] = {g, u};
+    TRY(linears_fwd(m, gu, 2, x, n, gu_out, err, errlen));
     for (int64_t i = 0; i < n * gate->rows; i++) g[i] = silu(g[i]) * u[i];
     TRY(linear_fwd(m, down, g, n, out, err, errlen));
     return 0;
@@ -348,10 +382,14 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
         layer *ly = &m->layers[l];
         for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->in_norm, H, (float)c->rms_eps, h + s * H);
         /* MLA: queries through the q LoRA, keys and values from the compressed latent */
-        TRY(linear_fwd(m, &ly->q_a, h, n, qa, err, errlen));
+        /* the linears that read h, then those that read qr, each set as one backend call
+         * (the indexer's wk and wq_b only in a layer that runs its indexer) */
+        const int full = c->indexer_full[l];
+        const linear *from_h[] = {&ly->q_a, &ly->kv_a, &ly->idx_k}, *from_qr[] = {&ly->q_b, &ly->idx_q};
+        float *const h_out[] = {qa, ckv, ik}, *const qr_out[] = {q, iq};
+        TRY(linears_fwd(m, from_h, full ? 3 : 2, h, n, h_out, err, errlen));
         for (int64_t s = 0; s < n; s++) rmsnorm(qa + s * c->q_lora, ly->q_a_norm, c->q_lora, 1e-6f, qr + s * c->q_lora);
-        TRY(linear_fwd(m, &ly->q_b, qr, n, q, err, errlen));
-        TRY(linear_fwd(m, &ly->kv_a, h, n, ckv, err, errlen));
+        TRY(linears_fwd(m, from_qr, full ? 2 : 1, qr, n, qr_out, err, errlen));
         const int64_t kvw = c->kv_lora + c->qk_rope;
         for (int64_t s = 0; s < n; s++) {
             rmsnorm(ckv + s * kvw, ly->kv_a_norm, c->kv_lora, 1e-6f, kvn + s * c->kv_lora);
@@ -369,9 +407,7 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                 memcpy(ly->v_cache + (p * NH + hh) * V, src + c->qk_nope, (size_t)V * sizeof(float));
             }
         }
-        if (c->indexer_full[l]) {
-            TRY(linear_fwd(m, &ly->idx_q, qr, n, iq, err, errlen));
-            TRY(linear_fwd(m, &ly->idx_k, h, n, ik, err, errlen));
+        if (full) {
             matmul_f32(m, ly->idx_weights, IH, H, h, n, iw);
             const float wscale = 1.0f / sqrtf((float)IH);
             for (int64_t s = 0; s < n; s++) {

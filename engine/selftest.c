@@ -41,61 +41,104 @@ static float rnd(void) { /* xorshift64*, uniform in [-1, 1) */
 }
 
 typedef struct check {
-    int format;
+    int format; /* -1: matmul_many over the MANY weights */
     shape sh;
     double err;
     int status;
     char message[256];
 } check;
 
-/* Uploads one random weight in `format`, runs the backend and the CPU path, compares. */
-static void run_check(coli_backend *b, int format, shape sh, check *c) {
+/* coli_matmul_many's check: weights of three formats and kernels (the int8 one
+ * streamed by the copy engine on sm_90) that read one x, for one token (y written
+ * straight to host memory on the GPU) and for three (copied back). */
+enum { MANY = 3 };
+static const int MANY_FORMATS[MANY] = {COLI_FMT_Q8, COLI_FMT_Q4, COLI_FMT_F32};
+static const int64_t MANY_ROWS[MANY] = {4100, 520, 70}, MANY_COLS = 2048, MANY_S[] = {1, 3};
+
+/* A random weight in `format` uploaded as *t, and the CPU path's y for x in ref
+ * (s x sh.rows); the backend's status. */
+static int upload_with_ref(coli_backend *b, int format, shape sh, const float *x, float *ref, coli_tensor *t) {
     size_t n = (size_t)(sh.rows * sh.cols);
-    float *w = malloc(n * sizeof *w), *x = malloc((size_t)(sh.s * sh.cols) * sizeof *x);
-    float *y = malloc((size_t)(sh.s * sh.rows) * sizeof *y), *ref = malloc((size_t)(sh.s * sh.rows) * sizeof *ref);
+    float *w = malloc(n * sizeof *w), *scale = malloc((size_t)sh.rows * (size_t)(sh.cols / sh.group + 1) * sizeof *scale);
     int8_t *q8 = malloc(n);
     uint8_t *q4 = malloc(n / 2);
-    float *scale = malloc((size_t)sh.rows * (size_t)(sh.cols / sh.group + 1) * sizeof *scale);
-    coli_tensor t = 0;
+    int status = -1;
+    *t = 0;
+    if (w && scale && q8 && q4) {
+        for (size_t i = 0; i < n; i++) w[i] = rnd();
+        if (format == COLI_FMT_F32) {
+            coli_matmul_f32(w, sh.rows, sh.cols, x, sh.s, ref);
+            status = b->api.tensor_upload_f32(w, sh.rows, sh.cols, t);
+        } else if (format == COLI_FMT_Q8) {
+            coli_quantize_q8(w, sh.rows, sh.cols, q8, scale);
+            coli_matmul_q8(q8, scale, sh.rows, sh.cols, x, sh.s, ref);
+            status = b->api.tensor_upload_q8(q8, scale, sh.rows, sh.cols, t);
+        } else {
+            coli_quantize_q4(w, sh.rows, sh.cols, sh.group, q4, scale);
+            coli_matmul_q4(q4, scale, sh.rows, sh.cols, sh.group, x, sh.s, ref);
+            status = b->api.tensor_upload_q4(q4, scale, sh.rows, sh.cols, sh.group, t);
+        }
+    }
+    free(w); free(scale); free(q8); free(q4);
+    return status;
+}
+
+/* max |y - ref| / max |ref| over n values; NaN (a value never written) propagates. */
+static double rel_err(const float *y, const float *ref, int64_t n) {
+    double maxref = 0.0, maxdiff = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)y[i] - (double)ref[i]);
+        if (!(d <= maxdiff)) maxdiff = d;
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    return maxdiff / (maxref > 1e-12 ? maxref : 1e-12);
+}
+
+/* count weights (formats[i], rows[i] x sh.cols) against the CPU path on one random
+ * x: one matmul call, or one matmul_many call for more; c->err the worst of them. */
+static void run_check(coli_backend *b, const int *formats, const int64_t *rows, int count, shape sh, check *c) {
+    float *x = malloc((size_t)(sh.s * sh.cols) * sizeof *x), *ys[MANY] = {0}, *refs[MANY] = {0};
+    coli_tensor ts[MANY] = {0};
+    int ok = x != NULL;
     memset(c, 0, sizeof *c);
-    c->format = format;
+    c->format = count > 1 ? -1 : formats[0];
     c->sh = sh;
     c->err = INFINITY;
-    if (!w || !x || !y || !ref || !q8 || !q4 || !scale) {
+    for (int i = 0; i < count; i++) {
+        ys[i] = malloc((size_t)(sh.s * rows[i]) * sizeof(float));
+        refs[i] = malloc((size_t)(sh.s * rows[i]) * sizeof(float));
+        ok = ok && ys[i] && refs[i];
+    }
+    if (!ok) {
         c->status = -1;
         snprintf(c->message, sizeof c->message, "out of host memory");
         goto done;
     }
-    for (size_t i = 0; i < n; i++) w[i] = rnd();
     for (int64_t i = 0; i < sh.s * sh.cols; i++) x[i] = rnd();
-    for (int64_t i = 0; i < sh.s * sh.rows; i++) y[i] = NAN; /* poison: an unwritten output fails */
-    if (format == COLI_FMT_F32) {
-        coli_matmul_f32(w, sh.rows, sh.cols, x, sh.s, ref);
-        c->status = b->api.tensor_upload_f32(w, sh.rows, sh.cols, &t);
-    } else if (format == COLI_FMT_Q8) {
-        coli_quantize_q8(w, sh.rows, sh.cols, q8, scale);
-        coli_matmul_q8(q8, scale, sh.rows, sh.cols, x, sh.s, ref);
-        c->status = b->api.tensor_upload_q8(q8, scale, sh.rows, sh.cols, &t);
-    } else {
-        coli_quantize_q4(w, sh.rows, sh.cols, sh.group, q4, scale);
-        coli_matmul_q4(q4, scale, sh.rows, sh.cols, sh.group, x, sh.s, ref);
-        c->status = b->api.tensor_upload_q4(q4, scale, sh.rows, sh.cols, sh.group, &t);
+    for (int i = 0; i < count && c->status == COLI_OK; i++) {
+        shape one = {rows[i], sh.cols, sh.s, sh.group};
+        for (int64_t k = 0; k < sh.s * rows[i]; k++) ys[i][k] = NAN; /* poison: an unwritten output fails */
+        c->status = upload_with_ref(b, formats[i], one, x, refs[i], &ts[i]);
     }
-    if (c->status == COLI_OK) c->status = b->api.matmul(t, x, sh.s, sh.cols, y);
+    if (c->status == COLI_OK)
+        c->status = count > 1 ? b->api.matmul_many(ts, count, x, sh.s, sh.cols, ys)
+                              : b->api.matmul(ts[0], x, sh.s, sh.cols, ys[0]);
     if (c->status != COLI_OK) {
-        snprintf(c->message, sizeof c->message, "%s", b->api.last_error());
+        snprintf(c->message, sizeof c->message, "%s", c->status < 0 ? "out of host memory" : b->api.last_error());
         goto done;
     }
-    double maxref = 0.0, maxdiff = 0.0;
-    for (int64_t i = 0; i < sh.s * sh.rows; i++) {
-        double d = fabs((double)y[i] - (double)ref[i]);
-        if (!(d <= maxdiff)) maxdiff = d; /* NaN propagates */
-        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    c->err = 0.0;
+    for (int i = 0; i < count; i++) {
+        const double e = rel_err(ys[i], refs[i], sh.s * rows[i]);
+        if (!(e <= c->err)) c->err = e;
     }
-    c->err = maxdiff / (maxref > 1e-12 ? maxref : 1e-12);
 done:
-    if (t) b->api.tensor_free(t);
-    free(w); free(x); free(y); free(ref); free(q8); free(q4); free(scale);
+    for (int i = 0; i < count; i++) {
+        if (ts[i]) b->api.tensor_free(ts[i]);
+        free(ys[i]);
+        free(refs[i]);
+    }
+    free(x);
 }
 
 typedef struct bad_case {
@@ -133,9 +176,25 @@ static int run_bad_inputs(coli_backend *b, bad_case *cases) {
     /* 512 TiB: no allocation can succeed, so the data pointer is never read */
     BAD("out of memory", COLI_E_OUT_OF_MEMORY, b->api.tensor_upload_f32(w, 1LL << 31, 1LL << 16, &t));
     BAD("too many values", COLI_E_SHAPE, b->api.tensor_upload_f32(w, 1LL << 31, 1LL << 31, &t));
+    coli_tensor wide = 0;
     if (b->api.tensor_upload_f32(w, 8, 8, &t) == COLI_OK) {
         BAD("mismatched in_features", COLI_E_SHAPE, b->api.matmul(t, x, 1, 4, y));
         BAD("zero tokens", COLI_E_SHAPE, b->api.matmul(t, x, 0, 8, y));
+        if (b->api.matmul_many && b->api.tensor_upload_f32(w, 4, 16, &wide) == COLI_OK) {
+            /* every argument is checked before any y is written: the first weight's y,
+             * whose own arguments are good, must stay as it was when a later one fails */
+            float first[8], second[8];
+            for (int i = 0; i < 8; i++) first[i] = second[i] = 7.0f;
+            float *const ys[] = {first, second, first};
+            const coli_tensor with_freed[] = {t, freed}, mixed[] = {t, wide}, three[] = {t, t, t};
+            BAD("matmul_many with a freed tensor", COLI_E_BAD_TENSOR, b->api.matmul_many(with_freed, 2, x, 1, 8, ys));
+            BAD("matmul_many of mixed widths", COLI_E_SHAPE, b->api.matmul_many(mixed, 2, x, 1, 8, ys));
+            for (int i = 0; i < 8; i++)
+                if (first[i] != 7.0f) cases[n - 1].got = cases[n - 2].got = -1; /* written, then failed */
+            BAD("matmul_many of no tensors", COLI_E_INVALID, b->api.matmul_many(three, 0, x, 1, 8, ys));
+            BAD("matmul_many with null ys", COLI_E_INVALID, b->api.matmul_many(three, 3, x, 1, 8, NULL));
+            b->api.tensor_free(wide);
+        }
         b->api.tensor_free(t);
     }
 #undef BAD
@@ -154,9 +213,9 @@ static void print_unavailable(coli_backend *b, const char *reason, int json, FIL
 }
 
 int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
-    enum { NCHECK = 3 * (int)(sizeof SHAPES / sizeof SHAPES[0]) };
-    check checks[NCHECK];
-    bad_case bad[16];
+    enum { NSHAPE = (int)(sizeof SHAPES / sizeof SHAPES[0]), NMANY = (int)(sizeof MANY_S / sizeof MANY_S[0]) };
+    check checks[3 * NSHAPE + NMANY];
+    bad_case bad[24];
     coli_device_info info;
     char reason[600];
     int passed = 1, resident_after = -1;
@@ -171,11 +230,16 @@ int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
         return SELFTEST_UNAVAILABLE;
     }
     if (b->api.backend_set_threads) b->api.backend_set_threads(1);
-    for (int f = 0, k = 0; f < 3; f++)
-        for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++, k++) {
-            run_check(b, f, SHAPES[s], &checks[k]);
-            if (checks[k].status != COLI_OK || !(checks[k].err <= TOLERANCE)) passed = 0;
+    int ncheck = 0;
+    for (int f = 0; f < 3; f++)
+        for (int s = 0; s < NSHAPE; s++) run_check(b, &f, &SHAPES[s].rows, 1, SHAPES[s], &checks[ncheck++]);
+    if (b->api.matmul_many) /* ABI 1.1: a backend of 1.0 leaves it out, and the host makes its calls one by one */
+        for (int s = 0; s < NMANY; s++) {
+            shape sh = {0, MANY_COLS, MANY_S[s], 32};
+            run_check(b, MANY_FORMATS, MANY_ROWS, MANY, sh, &checks[ncheck++]);
         }
+    for (int k = 0; k < ncheck; k++)
+        if (checks[k].status != COLI_OK || !(checks[k].err <= TOLERANCE)) passed = 0;
     int nbad = run_bad_inputs(b, bad);
     for (int i = 0; i < nbad; i++)
         if (bad[i].got != bad[i].expected || !bad[i].message[0]) passed = 0;
@@ -191,11 +255,19 @@ int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
         json_string(out, info.arch);
         fprintf(out, "}, \"abi\": \"%u.%u\", \"tolerance\": %g, \"checks\": [", (unsigned)COLI_ABI_MAJOR,
                 (unsigned)COLI_ABI_MINOR, TOLERANCE);
-        for (int k = 0; k < NCHECK; k++) {
+        for (int k = 0; k < ncheck; k++) {
             check *c = &checks[k];
-            fprintf(out, "%s{\"op\": \"matmul\", \"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"s\": %lld, ",
-                    k ? ", " : "", FORMAT_NAMES[c->format], (long long)c->sh.rows, (long long)c->sh.cols,
-                    (long long)c->sh.s);
+            if (c->format < 0) {
+                fprintf(out, "%s{\"op\": \"matmul_many\", \"formats\": [", k ? ", " : "");
+                for (int i = 0; i < MANY; i++) fprintf(out, "%s\"%s\"", i ? ", " : "", FORMAT_NAMES[MANY_FORMATS[i]]);
+                fputs("], \"rows\": [", out);
+                for (int i = 0; i < MANY; i++) fprintf(out, "%s%lld", i ? ", " : "", (long long)MANY_ROWS[i]);
+                fprintf(out, "], \"cols\": %lld, \"s\": %lld, ", (long long)c->sh.cols, (long long)c->sh.s);
+            } else {
+                fprintf(out, "%s{\"op\": \"matmul\", \"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"s\": %lld, ",
+                        k ? ", " : "", FORMAT_NAMES[c->format], (long long)c->sh.rows, (long long)c->sh.cols,
+                        (long long)c->sh.s);
+            }
             if (isfinite(c->err)) fprintf(out, "\"max_rel_err\": %.3g, ", c->err);
             else fputs("\"max_rel_err\": null, ", out);
             fprintf(out, "\"status\": %d, \"message\": ", c->status);
@@ -213,15 +285,23 @@ int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
         fprintf(out, "], \"resident_after_free\": %d, \"passed\": %s}\n", resident_after, passed ? "true" : "false");
     } else {
         fprintf(out, "backend %s on %s (%s)\n", b->name, info.name, info.arch);
-        for (int k = 0; k < NCHECK; k++) {
+        for (int k = 0; k < ncheck; k++) {
             check *c = &checks[k];
-            fprintf(out, "  matmul %-4s %4lldx%-4lld s=%-3lld  err %.2e  %s%s%s\n", FORMAT_NAMES[c->format],
-                    (long long)c->sh.rows, (long long)c->sh.cols, (long long)c->sh.s, c->err,
-                    c->status == COLI_OK && c->err <= TOLERANCE ? "ok" : "FAIL", c->message[0] ? ": " : "",
-                    c->message);
+            if (c->format < 0)
+                fprintf(out, "  matmul_many %s %lld, %s %lld, %s %lld x %lld s=%-3lld  err %.2e  %s%s%s\n",
+                        FORMAT_NAMES[MANY_FORMATS[0]], (long long)MANY_ROWS[0], FORMAT_NAMES[MANY_FORMATS[1]],
+                        (long long)MANY_ROWS[1], FORMAT_NAMES[MANY_FORMATS[2]], (long long)MANY_ROWS[2],
+                        (long long)c->sh.cols, (long long)c->sh.s, c->err,
+                        c->status == COLI_OK && c->err <= TOLERANCE ? "ok" : "FAIL", c->message[0] ? ": " : "",
+                        c->message);
+            else
+                fprintf(out, "  matmul %-4s %4lldx%-4lld s=%-3lld  err %.2e  %s%s%s\n", FORMAT_NAMES[c->format],
+                        (long long)c->sh.rows, (long long)c->sh.cols, (long long)c->sh.s, c->err,
+                        c->status == COLI_OK && c->err <= TOLERANCE ? "ok" : "FAIL", c->message[0] ? ": " : "",
+                        c->message);
         }
         for (int i = 0; i < nbad; i++)
-            fprintf(out, "  bad input: %-28s status %d (want %d)  %s\n", bad[i].name, bad[i].got, bad[i].expected,
+            fprintf(out, "  bad input: %-32s status %d (want %d)  %s\n", bad[i].name, bad[i].got, bad[i].expected,
                     bad[i].got == bad[i].expected && bad[i].message[0] ? "ok" : "FAIL");
         fprintf(out, "%s\n", passed ? "selftest passed" : "selftest FAILED");
     }

@@ -155,4 +155,34 @@ static coli_status coli_matmul_check(const coli_weight *w, const float *x, int64
     return COLI_OK;
 }
 
+/* coli_matmul's arguments (`ready`: the backend is initialised): its weight
+ * resolved into *out, then checked. */
+static coli_status coli_matmul_args(int ready, const coli_table *t, coli_tensor weight, const float *x, int64_t s,
+                                    int64_t in_features, const float *y, coli_weight **out) {
+    if (!ready) return coli_fail(COLI_E_NOT_INIT, "matmul: backend not initialised");
+    coli_status st = coli_table_get(t, weight, out);
+    return st ? st : coli_matmul_check(*out, x, s, in_features, y);
+}
+
+/* coli_matmul_many's arguments, every one checked before any y is written: its
+ * weights resolved into `out` (count of them). A failure names the weight. */
+#define COLI_MANY_MAX 16 /* tensors a call, as abi.toml's doc says */
+static coli_status coli_many_check(int ready, const coli_table *t, const coli_tensor *weights, int32_t count,
+                                   const float *x, int64_t s, int64_t in_features, float *const *ys, coli_weight **out) {
+    if (!ready) return coli_fail(COLI_E_NOT_INIT, "matmul_many: backend not initialised");
+    if (!weights || !ys) return coli_fail(COLI_E_INVALID, "matmul_many: null weights or ys");
+    if (count < 1 || count > COLI_MANY_MAX)
+        return coli_fail(COLI_E_INVALID, "matmul_many: count %d, must be 1 to %d", (int)count, COLI_MANY_MAX);
+    for (int32_t i = 0; i < count; i++) {
+        coli_status st = coli_table_get(t, weights[i], &out[i]);
+        if (!st) st = coli_matmul_check(out[i], x, s, in_features, ys[i]);
+        if (st) {
+            char why[sizeof coli_error_text];
+            memcpy(why, coli_error_text, sizeof why);
+            return coli_fail(st, "matmul_many: weight %d of %d: %s", (int)i, (int)count, why);
+        }
+    }
+    return COLI_OK;
+}
+
 #endif

@@ -204,18 +204,20 @@ static bool grow_pinned(float **buf, size_t *cap, size_t need) {
     return true;
 }
 
-COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, int64_t in_features, float *y) {
-    coli_weight *w = NULL;
+/* Checked weights that read the same x: x in once, their kernels one after
+ * another on the stream (a kernel launched early waits for the one before it
+ * before it reads x's digits or writes, gpu_matmul.cuh), one wait, each y out. */
+static coli_status run_matmuls(coli_weight *const *ws, int32_t count, const float *x, int64_t s, float *const *ys) {
     coli_status st;
-    if (!g_ready) return coli_fail(COLI_E_NOT_INIT, "matmul: backend not initialised");
-    st = coli_table_get(&g_tensors, weight, &w);
-    if (st) return st;
-    st = coli_matmul_check(w, x, s, in_features, y);
-    if (st) return st;
     if (s > 65535) return coli_fail(COLI_E_SHAPE, "matmul: s = %lld exceeds 65535", (long long)s);
-    size_t xb = (size_t)s * (size_t)w->cols * sizeof(float), yb = (size_t)s * (size_t)w->rows * sizeof(float);
+    const size_t xb = (size_t)s * (size_t)ws[0]->cols * sizeof(float);
+    size_t yb = 0;
+    bool digits = false; /* x's digits for the int8/int4 kernels */
+    for (int32_t i = 0; i < count; i++) {
+        yb += (size_t)s * (size_t)ws[i]->rows * sizeof(float);
+        digits = digits || ws[i]->format != COLI_FMT_F32;
+    }
     if ((st = grow(&g_x, &g_x_cap, xb)) || (st = grow(&g_y, &g_y_cap, yb))) return st;
-    const bool digits = w->format != COLI_FMT_F32; /* x's digits for the int8/int4 kernels */
     if (digits && (st = grow(&g_planes, &g_planes_cap, xb))) return st;
     const bool pinned = grow_pinned(&g_hx, &g_hx_cap, xb) && grow_pinned(&g_hy, &g_hy_cap, yb);
     if (pinned) {
@@ -224,7 +226,7 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
     } else {
         GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
     }
-    /* One token (a decode step, bound by the call's latency): the kernel writes y
+    /* One token (a decode step, bound by the call's latency): the kernels write y
      * straight into the page-locked copy, with no copy back to queue and wait for
      * (the engine's decode on the H200: 24 -> 17 us a call, bench/RESULTS.md). More
      * tokens keep the copy back: their kernels were not timed writing over PCIe. */
@@ -234,15 +236,33 @@ COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, 
         (void)cudaGetLastError(); /* a device that cannot map host memory: copy back instead */
         dy = g_y;
     }
-    GPU_CHECK(launch_matmul(w, g_x, s, dy, 0, digits ? g_planes : NULL));
+    for (int64_t i = 0, at = 0; i < count; at += s * ws[i]->rows, i++)
+        GPU_CHECK(launch_matmul(ws[i], g_x, s, dy + at, 0, digits ? g_planes : NULL));
     if (pinned) {
         if (!direct) GPU_CHECK(cudaMemcpyAsync(g_hy, g_y, yb, cudaMemcpyDeviceToHost, 0));
         GPU_CHECK(cudaStreamSynchronize(0)); /* reports a kernel's failure, as the copy did */
-        memcpy(y, g_hy, yb);
-    } else {
-        GPU_CHECK(cudaMemcpy(y, g_y, yb, cudaMemcpyDeviceToHost));
+    }
+    for (int64_t i = 0, at = 0; i < count; at += s * ws[i]->rows, i++) {
+        const size_t bytes = (size_t)s * (size_t)ws[i]->rows * sizeof(float);
+        if (pinned) memcpy(ys[i], g_hy + at, bytes);
+        else GPU_CHECK(cudaMemcpy(ys[i], g_y + at, bytes, cudaMemcpyDeviceToHost));
     }
     return COLI_OK;
+}
+
+COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, int64_t in_features, float *y) {
+    coli_weight *w = NULL;
+    const coli_status st = coli_matmul_args(g_ready, &g_tensors, weight, x, s, in_features, y, &w);
+    if (st) return st;
+    return run_matmuls(&w, 1, x, s, &y);
+}
+
+COLI_API coli_status coli_matmul_many(const coli_tensor *weights, int32_t count, const float *x, int64_t s,
+                                      int64_t in_features, float *const *ys) {
+    coli_weight *ws[COLI_MANY_MAX];
+    const coli_status st = coli_many_check(g_ready, &g_tensors, weights, count, x, s, in_features, ys, ws);
+    if (st) return st;
+    return run_matmuls(ws, count, x, s, ys);
 }
 
 COLI_API coli_status coli_resident_count(int32_t *count) {

@@ -122,19 +122,28 @@ COLI_API coli_status coli_tensor_size(coli_tensor tensor, uint64_t *bytes) {
     return COLI_OK;
 }
 
-COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, int64_t in_features, float *y) {
-    coli_weight *w = NULL;
-    coli_status st;
-    if (!g_ready) return coli_fail(COLI_E_NOT_INIT, "matmul: backend not initialised");
-    st = coli_table_get(&g_tensors, weight, &w);
-    if (st) return st;
-    st = coli_matmul_check(w, x, s, in_features, y);
-    if (st) return st;
+static void run_matmul(const coli_weight *w, const float *x, int64_t s, float *y) {
     switch (w->format) {
     case COLI_FMT_F32: coli_matmul_f32((const float *)w->q, w->rows, w->cols, x, s, y); break;
     case COLI_FMT_Q8: coli_matmul_q8((const int8_t *)w->q, w->scale, w->rows, w->cols, x, s, y); break;
     default: coli_matmul_q4((const uint8_t *)w->q, w->scale, w->rows, w->cols, w->group, x, s, y);
     }
+}
+
+COLI_API coli_status coli_matmul(coli_tensor weight, const float *x, int64_t s, int64_t in_features, float *y) {
+    coli_weight *w = NULL;
+    const coli_status st = coli_matmul_args(g_ready, &g_tensors, weight, x, s, in_features, y, &w);
+    if (st) return st;
+    run_matmul(w, x, s, y);
+    return COLI_OK;
+}
+
+COLI_API coli_status coli_matmul_many(const coli_tensor *weights, int32_t count, const float *x, int64_t s,
+                                      int64_t in_features, float *const *ys) {
+    coli_weight *ws[COLI_MANY_MAX];
+    const coli_status st = coli_many_check(g_ready, &g_tensors, weights, count, x, s, in_features, ys, ws);
+    if (st) return st;
+    for (int32_t i = 0; i < count; i++) run_matmul(ws[i], x, s, ys[i]);
     return COLI_OK;
 }
 

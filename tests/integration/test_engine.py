@@ -29,12 +29,17 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     assert [x for x in reports if "failed to allocate" not in x] == [], proc.stderr
     result = json.loads(proc.stdout)
     assert result["passed"] is True and result["backend"] == "ref"
-    checks = result["checks"]
-    assert len(checks) >= 15 and all(c["ok"] for c in checks)
+    assert result["abi"] == "1.1"
+    checks = [c for c in result["checks"] if c["op"] == "matmul"]
+    assert len(checks) >= 15 and all(c["ok"] for c in result["checks"])
     shapes = {(c["rows"], c["cols"], c["s"]) for c in checks}
     assert len(checks) == 3 * len(shapes), "every shape is checked in every format"
     assert {c["format"] for c in checks} == {"f32", "int8", "int4"}
-    assert len(result["bad_input"]) >= 9 and all(b["ok"] and b["message"] for b in result["bad_input"])
+    many = [c for c in result["checks"] if c["op"] == "matmul_many"]
+    assert [c["s"] for c in many] == [1, 3] and all(sorted(c["formats"]) == ["f32", "int4", "int8"] for c in many)
+    bad = result["bad_input"]
+    assert len(bad) >= 13 and all(b["ok"] and b["message"] for b in bad)
+    assert sum(b["case"].startswith("matmul_many") for b in bad) == 4
     assert result["resident_after_free"] == 0
 
 
@@ -71,17 +76,45 @@ def test_not_a_library_and_missing_symbols(sanitized: tuple[Path, Path], tmp_pat
     assert proc.returncode == 4 and "lacks the mandatory symbol coli_abi_version" in proc.stderr
 
 
-def test_wrong_abi_major_is_refused(gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path) -> None:
-    wrong = tmp_path / "v2.c"
-    wrong.write_text(
+def ref_backend_of_version(gen_dir: Path, tmp_path: Path, version: int) -> Path:
+    """The reference backend, reporting ABI `version` ((major << 16) | minor)."""
+    src = tmp_path / f"v{version:x}.c"
+    src.write_text(
         "#undef coli_abi_version\n#include <stdint.h>\n"
-        '__attribute__((visibility("default"))) uint32_t coli_abi_version(void) { return 2u << 16; }\n'
+        f'__attribute__((visibility("default"))) uint32_t coli_abi_version(void) {{ return {version}u; }}\n'
     )
-    lib = tmp_path / "libcoli_v2.so"
+    lib = tmp_path / f"libcoli_v{version:x}.so"
     compile_ok(
         ["gcc", "-std=c11", "-shared", "-fPIC", f"-I{gen_dir}", f"-I{KERNELS}",
-         "-Dcoli_abi_version=coli_abi_version_v1", str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c"),
-         str(wrong), "-o", str(lib), "-lm"]
+         "-Dcoli_abi_version=coli_abi_version_own", str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c"),
+         str(src), "-o", str(lib), "-lm"]
     )  # fmt: skip
+    return lib
+
+
+def test_wrong_abi_major_is_refused(gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    lib = ref_backend_of_version(gen_dir, tmp_path, 2 << 16)
     proc = run(sanitized[0], "--backend", str(lib), "--selftest")
-    assert proc.returncode == 4 and "has ABI 2.0, this host needs 1.0" in proc.stderr
+    assert proc.returncode == 4 and "has ABI 2.0, this host needs 1.0 or a later minor" in proc.stderr
+
+
+def test_a_backend_of_an_older_minor_runs_without_its_newer_functions(
+    gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """ABI 1.0 predates coli_matmul_many (1.1): the host runs such a backend and makes
+    its calls one by one, even when the library happens to export the newer symbol."""
+    lib = ref_backend_of_version(gen_dir, tmp_path, 1 << 16)
+    host = sanitized[0]
+    proc = run(host, "--backend", str(lib), "--selftest", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["passed"] is True
+    assert all(c["op"] == "matmul" for c in result["checks"])
+    assert not any(b["case"].startswith("matmul_many") for b in result["bad_input"])
+    model = ROOT / "tests/fixtures/models/glm_tiny"
+    args = ["--model", str(model), "--ids", "5,17,42", "--teacher-force", "--json"]
+    one_by_one = json.loads(run(host, *args, "--backend", str(lib)).stdout)
+    together = json.loads(run(host, *args, "--backend", str(sanitized[1])).stdout)
+    assert one_by_one["backend_calls"] == one_by_one["backend_matmuls"] == one_by_one["resident_tensors"]
+    assert together["backend_calls"] < together["backend_matmuls"] == together["resident_tensors"]
+    assert one_by_one["top2_margin"] == together["top2_margin"] and one_by_one["tf_pred"] == together["tf_pred"]

@@ -47,7 +47,7 @@ def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
     abi = load_abi(ROOT / "kernels/abi.toml")
     backend = read_binary(fx.app / fx.platform.backend)
     assert set(abi.exports) | {"coli_test_bound_runtime"} == set(backend.exports)
-    assert len(abi.exports) == 16
+    assert len(abi.exports) == 17
     if fx.platform.windows:
         assert backend.target == "PE32+ machine 0x8664 DLL"
         assert {i.lower() for i in backend.imports} <= {"amdhip64_7.dll", "kernel32.dll", "msvcrt.dll"}
