@@ -42,7 +42,7 @@ if [[ ${COLI_BENCH_LARGE:-1} == 1 ]]; then
   for backend in none "$work/libcoli_cuda.so"; do
     for q in f32 int8 int4; do
       "$work/coli" --model "$work/large" --ids "$ids" --generate 64 --quant $q --backend "$backend" --json \
-        | python3 -c "import json,sys;d=json.load(sys.stdin);print(json.dumps({'backend':d['backend'],'quant':d['quant'],'decode_tok_s':d['decode_tokens_per_second'],'resident':d['resident_tensors'],'threads':d['threads']}))" \
+        | python3 -c "import json,sys;d=json.load(sys.stdin);print(json.dumps({'backend':d['backend'],'quant':d['quant'],'decode_tok_s':d['decode_tokens_per_second'],'resident':d['resident_tensors'],'threads':d['threads'],'backend_calls':d['backend_calls'],'backend_matmuls':d['backend_matmuls'],'backend_seconds':d['backend_seconds'],'decode_seconds':d['decode_seconds']}))" \
         | tee -a "$out/large_decode.jsonl"
     done
   done

@@ -381,9 +381,9 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
     for (int64_t l = 0; l < c->layers; l++) {
         layer *ly = &m->layers[l];
         for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->in_norm, H, (float)c->rms_eps, h + s * H);
-        /* MLA: queries through the q LoRA, keys and values from the compressed latent */
-        /* the linears that read h, then those that read qr, each set as one backend call
-         * (the indexer's wk and wq_b only in a layer that runs its indexer) */
+        /* MLA: queries through the q LoRA, keys and values from the compressed latent.
+         * The linears that read h, then those that read qr, go as one backend call each
+         * (the indexer's wk and wq_b only in a layer that runs its indexer). */
         const int full = c->indexer_full[l];
         const linear *from_h[] = {&ly->q_a, &ly->kv_a, &ly->idx_k}, *from_qr[] = {&ly->q_b, &ly->idx_q};
         float *const h_out[] = {qa, ckv, ik}, *const qr_out[] = {q, iq};
