@@ -14,8 +14,7 @@ nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -
 rc=$?
 # a whole backend call at S = 1, as the engine's decode makes it (copies and the wait included)
 work=$(mktemp -d)
-nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC,-fvisibility=hidden -Xlinker --version-script=build/gen/coli_backend.map \
-  -gencode arch=compute_90,code=sm_90 -Ibuild/gen -Ikernels -Iengine kernels/backend_gpu.cu -o "$work/libcoli_cuda.so" &&
+bash bench/build_cuda_backend.sh "$work/libcoli_cuda.so" &&
   gcc -std=c11 -O2 -Wall -Wextra -Ibuild/gen bench/call_latency.c -L"$work" -l:libcoli_cuda.so -o "$work/call_latency" &&
   LD_LIBRARY_PATH="$work" "$work/call_latency" > "$out/call_latency.jsonl" || rc=1
 if [[ ${COLI_BENCH_TORCH:-1} == 1 ]]; then python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1; fi

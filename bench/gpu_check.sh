@@ -16,10 +16,8 @@ mkdir -p "$out"
 inc="-Ibuild/gen -Ikernels -Iengine"
 gcc -std=c11 -O2 -Wall -Wextra $inc engine/*.c \
   kernels/cpu_ops.c -lm -lpthread -o "$work/coli" || exit 1
-nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
-  -Xlinker --version-script=build/gen/coli_backend.map \
-  -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' \
-  $inc kernels/backend_gpu.cu -o "$work/libcoli_cuda.so" || exit 1
+bash bench/build_cuda_backend.sh "$work/libcoli_cuda.so" \
+  -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' || exit 1
 "$work/coli" --backend "$work/libcoli_cuda.so" --selftest | tee "$out/selftest.txt"
 rc=${PIPESTATUS[0]}
 "$work/coli" --backend "$work/libcoli_cuda.so" --selftest --json > "$out/selftest.json"

@@ -5,7 +5,7 @@ set -uo pipefail
 work=$(mktemp -d)
 inc="-Ibuild/gen -Ikernels -Iengine"
 gcc -std=c11 -O2 $inc engine/*.c kernels/cpu_ops.c -lm -lpthread -o $work/coli
-nvcc -std=c++17 -O2 -shared -Xcompiler -fPIC,-fvisibility=hidden -Xlinker --version-script=build/gen/coli_backend.map -gencode arch=compute_90,code=sm_90 $inc kernels/backend_gpu.cu -o $work/libcoli_cuda.so
+bash bench/build_cuda_backend.sh $work/libcoli_cuda.so
 python3 bench/make_synthetic.py $work/large > /dev/null
 ids=$(python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range(12)))")
 for simple in 0 1; do for q in f32 int8 int4; do

@@ -82,17 +82,22 @@ static void add_bias(const linear *l, int64_t s, float *y) {
             for (int64_t r = 0; r < l->rows; r++) y[t * l->rows + r] += l->bias[r];
 }
 
+/* A backend call that began at `t0` and made `count` matmuls, the first of them
+ * l's: counted, and on failure named in err. Non-zero on failure. */
+static int backend_done(model *m, double t0, int count, const linear *l, coli_status st, char *err, size_t errlen) {
+    m->backend_seconds += coli_now() - t0;
+    m->backend_calls++, m->backend_matmuls += count;
+    if (st == COLI_OK) return 0;
+    snprintf(err, errlen, "backend %s: matmul %lldx%lld%s failed (status %d): %s", m->backend->name,
+             (long long)l->rows, (long long)l->cols, count > 1 ? " and the others that read its x" : "", (int)st,
+             m->backend->api.last_error());
+    return 1;
+}
+
 static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
     if (l->dev) {
-        const double t = coli_now();
-        coli_status st = m->backend->api.matmul(l->dev, x, s, l->cols, y);
-        m->backend_seconds += coli_now() - t;
-        m->backend_calls++, m->backend_matmuls++;
-        if (st != COLI_OK) {
-            snprintf(err, errlen, "backend %s: matmul %lldx%lld failed (status %d): %s", m->backend->name,
-                     (long long)l->rows, (long long)l->cols, (int)st, m->backend->api.last_error());
-            return 1;
-        }
+        const double t0 = coli_now();
+        if (backend_done(m, t0, 1, l, m->backend->api.matmul(l->dev, x, s, l->cols, y), err, errlen)) return 1;
     } else {
         mm_job j = {l, NULL, l->rows, l->cols, x, s, y};
         run_rows(m, &j);
@@ -117,15 +122,9 @@ static int linears_fwd(model *m, const linear *const *ls, int count, const float
     }
     coli_tensor ts[MANY_MAX];
     for (int i = 0; i < count; i++) ts[i] = ls[i]->dev;
-    const double t = coli_now();
-    coli_status st = m->backend->api.matmul_many(ts, count, x, s, ls[0]->cols, ys);
-    m->backend_seconds += coli_now() - t;
-    m->backend_calls++, m->backend_matmuls += count;
-    if (st != COLI_OK) {
-        snprintf(err, errlen, "backend %s: %d matmuls of %lld columns failed (status %d): %s", m->backend->name, count,
-                 (long long)ls[0]->cols, (int)st, m->backend->api.last_error());
+    const double t0 = coli_now();
+    if (backend_done(m, t0, count, ls[0], m->backend->api.matmul_many(ts, count, x, s, ls[0]->cols, ys), err, errlen))
         return 1;
-    }
     for (int i = 0; i < count; i++) add_bias(ls[i], s, ys[i]);
     return 0;
 }

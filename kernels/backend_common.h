@@ -174,8 +174,7 @@ static coli_status coli_many_check(int ready, const coli_table *t, const coli_te
     if (count < 1 || count > COLI_MANY_MAX)
         return coli_fail(COLI_E_INVALID, "matmul_many: count %d, must be 1 to %d", (int)count, COLI_MANY_MAX);
     for (int32_t i = 0; i < count; i++) {
-        coli_status st = coli_table_get(t, weights[i], &out[i]);
-        if (!st) st = coli_matmul_check(out[i], x, s, in_features, ys[i]);
+        const coli_status st = coli_matmul_args(1, t, weights[i], x, s, in_features, ys[i], &out[i]);
         if (st) {
             char why[sizeof coli_error_text];
             memcpy(why, coli_error_text, sizeof why);
