@@ -44,5 +44,14 @@ if [[ ${COLI_BENCH_LARGE:-1} == 1 ]]; then
         | tee -a "$out/large_decode.jsonl"
     done
   done
+  # prefill: 256 positions teacher-forced in one forward (the matmuls take all 256 tokens at once)
+  ids=$(python3 -c "import random;random.seed(2);print(','.join(str(random.randrange(2,32000)) for _ in range(256)))")
+  for backend in none "$work/libcoli_cuda.so"; do
+    for q in f32 int8 int4; do
+      "$work/coli" --model "$work/large" --ids "$ids" --teacher-force --quant $q --backend "$backend" --json \
+        | python3 -c "import json,sys;d=json.load(sys.stdin);print(json.dumps({'backend':d['backend'],'quant':d['quant'],'positions':d['positions'],'prefill_tok_s':d['tokens_per_second'],'seconds':d['seconds'],'backend_seconds':d['backend_seconds'],'resident':d['resident_tensors'],'threads':d['threads'],'tf_pred_hash':hash(tuple(d['tf_pred']))%10**8}))" \
+        | tee -a "$out/large_prefill.jsonl"
+    done
+  done
 fi
 exit "$rc"

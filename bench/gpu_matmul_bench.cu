@@ -245,6 +245,12 @@ static void bulk_variant(const coli_weight *w, const float *dx, int64_t, float *
     else launch_decode<FORMAT, 2, 4>(w, dx, g_bench_planes, dy, stream);
 }
 #define BULK(NAME, B) {"decode bulk" NAME, 1, nullptr, bulk_variant<COLI_FMT_Q8, B>, bulk_variant<COLI_FMT_Q4, B>}
+template <int FORMAT, int WM, int WN, int MT, int NT>
+static void gemm_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    launch_gemm<FORMAT, WM, WN, MT, NT>(w, dx, s, g_bench_planes, dy, stream);
+}
+#define GEMM(WM, WN, MT, NT, S) {"gemm " #WM "x" #WN " warps " #MT "x" #NT, S, nullptr, \
+                                 gemm_variant<COLI_FMT_Q8, WM, WN, MT, NT>, gemm_variant<COLI_FMT_Q4, WM, WN, MT, NT>}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
@@ -258,6 +264,8 @@ static const variant VARIANTS[] = {
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),
+    GEMM(2, 4, 2, 2, 32), GEMM(4, 2, 2, 2, 32), GEMM(2, 4, 2, 2, 64), GEMM(4, 2, 2, 2, 64), GEMM(4, 2, 2, 4, 64),
+    GEMM(2, 4, 2, 2, 256), GEMM(4, 2, 2, 2, 256), GEMM(4, 2, 2, 4, 256),
 };
 
 /* COLI_BENCH_ONLY=a,b: only the variants whose names contain one of these */
@@ -428,7 +436,7 @@ int main(int argc, char **argv) {
             /* chained calls, each one's x the last one's y (square shapes): the early
              * launches must wait for it; against the simple kernel's chain */
             if (w.rows == w.cols && !profile)
-                for (int64_t s : {(int64_t)1, (int64_t)8}) {
+                for (int64_t s : {(int64_t)1, (int64_t)8, (int64_t)64}) {
                     float *buf[2][2] = {{x, y}, {ref, planes}};
                     float *scratch;
                     CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));

@@ -77,6 +77,27 @@ __device__ inline void coli_copy_async16(void *shared, const void *global) {
     *(int4 *)shared = *(const int4 *)global;
 #endif
 }
+/* The same, for a caller that keeps shared memory's address (coli_shared_at) and adds
+ * its offsets itself: `at` on sm_80 and later, `shared` elsewhere. 4 or 16 bytes. */
+__device__ inline uint32_t coli_shared_at(const void *shared) {
+#if defined(__CUDA_ARCH__)
+    return (uint32_t)__cvta_generic_to_shared(shared);
+#else
+    (void)shared;
+    return 0;
+#endif
+}
+template <int BYTES> __device__ inline void coli_copy_async_at(uint32_t at, void *shared, const void *global) {
+    static_assert(BYTES == 4 || BYTES == 16, "cp.async copies 4 or 16 bytes here");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    (void)shared;
+    if constexpr (BYTES == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(at), "l"(global) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(at), "l"(global) : "memory");
+#else
+    (void)at;
+    memcpy(shared, global, BYTES);
+#endif
+}
 __device__ inline void coli_copy_commit(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -151,6 +172,26 @@ __device__ inline void coli_mma_s8(int (&d)[4], const uint32_t (&a)[4], const ui
             d[j] = COLI_DP4A(a0, b0, COLI_DP4A(a2, b1, d[j]));
             d[2 + j] = COLI_DP4A(a1, b0, COLI_DP4A(a3, b1, d[2 + j]));
         }
+    }
+#endif
+}
+
+/* Four 8 x 8 matrices of 32-bit words from shared memory, one a register: lane
+ * 8j + i gives the address of row i of matrix j (16 bytes), and lane l gets word
+ * l % 4 of row l / 4 of each (ldmatrix on sm_75 and later; elsewhere the rows'
+ * addresses go round by lane exchanges). */
+__device__ inline void coli_ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row))
+                 : "memory");
+#else
+    const int lane = (int)(threadIdx.x % 32);
+    const uintptr_t mine = (uintptr_t)row;
+    for (int j = 0; j < 4; j++) {
+        const uintptr_t at = (uintptr_t)COLI_SHFL((unsigned long long)mine, 8 * j + lane / 4);
+        r[j] = *(const uint32_t *)(at + 4 * (lane % 4));
     }
 #endif
 }

@@ -6,8 +6,10 @@
  *                 into int8 digits that W meets in exact integer dot products.
  *   decode_bulk_kernel (gpu_decode_bulk.cuh) the same sums for tall weights on
  *                 sm_90, W streamed into shared memory by the copy engine.
- *   mma_kernel    int8 and int4, S > 1: the same digits on the tensor cores,
- *                 W read once per 16 tokens.
+ *   mma_kernel    int8 and int4, S = 2 to 16: the same digits on the tensor
+ *                 cores, W read once per 16 tokens.
+ *   gemm_kernel (gpu_gemm.cuh) int8 and int4, S > 16: the same digits, a block
+ *                 128 rows by up to 64 tokens, 8 tokens of one digit a step.
  *   gemv_kernel   f32, S <= 16: bound by reading W, once per 8 tokens.
  *   tile_kernel   f32 (and int8/int4 the above do not take), S > 16: bound by
  *                 f32 arithmetic.
@@ -1194,6 +1196,28 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
 
 #include "gpu_decode_bulk.cuh"
 
+/* Past the default 48 KiB of dynamic shared memory, once per kernel (`raised`: that kernel's own flag). */
+template <typename Kernel> static void allow_shared(Kernel kernel, int bytes, bool &raised) {
+    if (bytes > 48 * 1024 && !raised)
+        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+}
+
+/* int8 and int4, before mma_kernel or gemm_kernel (`kernel`, taking `bytes` of
+ * shared memory; `raised`: its flag for allow_shared): x's digits and E into
+ * `planes` (device scratch of s * cols floats; E after every token's digits),
+ * launched early where calls chain. Returns the weight's chunks. */
+template <int FORMAT, typename Kernel>
+static int launch_digits(Kernel kernel, int bytes, bool &raised, const coli_weight *w, const float *dx, int64_t s,
+                         float *planes, uint32_t *&digits, float *&ex, cudaStream_t stream) {
+    allow_shared(kernel, bytes, raised);
+    digits = (uint32_t *)planes;
+    ex = (float *)((char *)planes + (size_t)s * DIGITS * (size_t)w->cols);
+    const int64_t threads = s * (w->cols / 8);
+    launch_early(chain_calls(), mma_prep_kernel<FORMAT>, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, stream,
+                 dx, w->cols, s, digits, ex);
+    return (int)(w->cols / mma_fmt<FORMAT>::cols);
+}
+
 /* int8 and int4: x's digits into `planes` (device scratch of s * cols floats), then
  * the mma kernel with TP pairs of tokens per block. */
 template <int FORMAT, int RB, int NS, int TP>
@@ -1203,16 +1227,10 @@ static void launch_mma_pairs(const coli_weight *w, const float *dx, int64_t s, f
     /* the least shared memory a block may have among the targets: sm_86/89/120 99 KiB, AMD 64 KiB */
     static_assert(shape::shared <= (COLI_HAS_PDL ? 99 : 64) * 1024, "an mma block's stages do not fit");
     const auto kernel = mma_kernel<FORMAT, RB, NS, TP>;
-    static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
-    if (shape::shared > 48 * 1024 && !raised)
-        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shape::shared) ==
-                 cudaSuccess;
-    const int chunks = (int)(w->cols / mma_fmt<FORMAT>::cols);
-    uint32_t *digits = (uint32_t *)planes;
-    float *ex = (float *)((char *)planes + (size_t)s * DIGITS * (size_t)w->cols); /* after every token's digits */
-    const int64_t threads = s * (w->cols / 8);
-    launch_early(chain_calls(), mma_prep_kernel<FORMAT>, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, stream,
-                 dx, w->cols, s, digits, ex);
+    static bool raised = false;
+    uint32_t *digits;
+    float *ex;
+    const int chunks = launch_digits<FORMAT>(kernel, shape::shared, raised, w, dx, s, planes, digits, ex, stream);
     const dim3 grid((unsigned)((w->rows + shape::rows - 1) / shape::rows), (unsigned)((s + 2 * TP - 1) / (2 * TP)));
     launch_early(true, kernel, grid, dim3(MMA_WARPS * WARP), shape::shared, stream, (const uint8_t *)w->q,
                  (const float *)w->scale, (int64_t)w->rows, chunks, (const uint32_t *)digits, (const float *)ex, s, dy);
@@ -1228,6 +1246,8 @@ static void launch_mma(const coli_weight *w, const float *dx, int64_t s, float *
     else if (s <= 8 || MAX == 4) launch_mma_pairs<FORMAT, RB, NS, MAX < 4 ? MAX : 4>(w, dx, s, planes, dy, stream);
     else launch_mma_pairs<FORMAT, RB, NS, MAX>(w, dx, s, planes, dy, stream);
 }
+
+#include "gpu_gemm.cuh"
 
 template <int FORMAT, int BM>
 static void launch_tile(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
@@ -1257,15 +1277,20 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  *              outnumber the warps the GPU holds at once (and rows are whole
  *              runs), 3 runs with each warp walking on through several groups
  *              (decode_walk_kernel).
- *   int8, int4 S > 1 (int8 rows of whole chunks, int4 in the mma layout): the
- *              mma kernel, 16 rows per block (32 for int8 past 8 tokens and for
- *              int4 from 5 to 16), 4 stages in flight.
+ *   int8, int4 S = 2 to 16 (int8 rows of whole chunks, int4 in the mma layout):
+ *              the mma kernel, 16 rows per block (32 for int8 past 8 tokens and
+ *              for int4 from 5 to 16), 4 stages in flight.
+ *   int8, int4 S > 16 (the same weights): gemm_kernel (gpu_gemm.cuh), blocks of
+ *              8 warps of 32 x 16 each: int8 64 rows x 64 tokens while such
+ *              blocks leave multiprocessors idle, else 128 x 32; int4 128 x 32
+ *              while those leave some idle, else 128 x 64 (warps of 32 x 32).
  *   f32 S <= 16  2 rows per warp; a ring of 4 runs for one token, 2 for more,
  *              up to 8 tokens per pass.
  *   S > 16     tiles; half-height ones when full ones would not give every
  *              multiprocessor a block.
  *   the rest   the simple kernel. */
 #define GEMV_MAX_S 16
+#define GEMM_MIN_S 16 /* more tokens than this: gemm_kernel */
 
 /* COLI_GPU_SIMPLE=1: the simple kernel only, and weights in the ABI's order, for comparisons. */
 static bool simple_only(void) {
@@ -1304,6 +1329,15 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
             if (small) launch_decode_fused<FORMAT, 2, 3>(w, dx, dy, stream);
             else if (decode_pieces<FORMAT>(w) % WARP == 0 && per > 1) launch_decode_walk<FORMAT, 2, 3>(w, dx, planes, dy, stream, per);
             else launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
+        }
+    } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w) && s > GEMM_MIN_S) {
+        if constexpr (FORMAT == COLI_FMT_Q8) {
+            if ((w->rows + 63) / 64 * ((s + 63) / 64) < sm_count()) launch_gemm<FORMAT, 2, 4, 2, 2>(w, dx, s, planes, dy, stream);
+            else launch_gemm<FORMAT, 4, 2, 2, 2>(w, dx, s, planes, dy, stream);
+        } else if constexpr (FORMAT == COLI_FMT_Q4) {
+            constexpr int NT = COLI_HAS_PDL ? 4 : 2; /* 2 stages of 128 x 64 overfill AMD's 64 KiB */
+            if ((w->rows + 127) / 128 * ((s + 31) / 32) < sm_count()) launch_gemm<FORMAT, 4, 2, 2, 2>(w, dx, s, planes, dy, stream);
+            else launch_gemm<FORMAT, 4, 2, 2, NT>(w, dx, s, planes, dy, stream);
         }
     } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
         if constexpr (FORMAT != COLI_FMT_F32) {
