@@ -114,9 +114,11 @@ template <int FORMAT, int WM, int WN, int MT, int NT> struct gemm_copier {
 /* A digit's three sums, each 1.5 * 2^23 plus its sum as int32 bits, as
  * a 2^16 + b 2^8 + c + 1.5 * 2^23: the last is left in (c's sum needs no subtraction
  * of its own) and taken off in bulk, once per output (int8) or chunk (int4). The
- * steps are exact up to one rounding of the sum, 2^-24 of it. */
+ * steps take the 1.5 * 2^23 off a and b exactly and then round twice, each time by
+ * at most 2^-24 of the parts' size (a 2^16, b 2^8, c and 1.5 * 2^23), as a float sum
+ * of those parts would (tests/c/gpu_mma_check.cu). */
 #define GEMM_M 12582912.0f
-__device__ inline float gemm_combine(int a, int b, int c) {
+__host__ __device__ inline float gemm_combine(int a, int b, int c) {
     return fmaf(as_float((uint32_t)a) - GEMM_M, 65536.0f, fmaf(as_float((uint32_t)b) - GEMM_M, 256.0f, as_float((uint32_t)c)));
 }
 

@@ -7,7 +7,8 @@
  * it, written out here) are the exact integer sums of W times each digit, a group
  * of 32 per int4 tile, and put together they are the dot product; so are the sums
  * of rows read the way decode_kernel reads them; KS warps sharing rows take each
- * whole run once; and an inf or NaN in x makes its sums NaN. Exit 0 when all hold. */
+ * whole run once; an inf or NaN in x makes its sums NaN; and gemm_kernel's turned
+ * units and its sums put together hold (check_gemm_pieces). Exit 0 when all hold. */
 #include "gpu_compat.h"
 #include "backend_common.h"
 #include "gpu_matmul.cuh"
@@ -334,6 +335,38 @@ static void check_not_finite() {
     EXPECT(std::isnan(units[decode_unit(MMA_LAYOUT, 0, 1) + 4].z), "decode: int4's E must be NaN too");
 }
 
+/* gemm_kernel's pieces: a 64-byte row's units turned by gemm_unit are still its 4
+ * units, and the 8 rows an ldmatrix reads at one unit (rows 8i..8i+7, or the same
+ * rows of digits) lie in 8 different 16-byte bank groups; and a digit's three sums,
+ * each 1.5 * 2^23 plus the sum as int32 bits (the tensor cores' start), come back
+ * as a 2^16 + b 2^8 + c + 1.5 * 2^23 to within two roundings of the parts' size
+ * (2^-23 of |a| 2^16 + |b| 2^8 + |c| + 1.5 * 2^23, as a float sum of them would be),
+ * at the extremes of |sum| < 2^22 and at random. */
+static void check_gemm_pieces() {
+    for (int r = 0; r < 64; r++) {
+        int seen = 0;
+        for (int u = 0; u < 4; u++) seen |= 1 << gemm_unit(r, u);
+        EXPECT(seen == 15, "gemm_unit: row %d's units are not a permutation of 0-3", r);
+    }
+    for (int r0 = 0; r0 < 64; r0 += 8)
+        for (int u = 0; u < 4; u++) {
+            int groups = 0;
+            for (int r = r0; r < r0 + 8; r++) groups |= 1 << ((4 * r + gemm_unit(r, u)) % 8);
+            EXPECT(groups == 255, "gemm_unit: rows %d-%d at unit %d share a bank group", r0, r0 + 7, u);
+        }
+    const int edge[] = {0, 1, -1, (1 << 22) - 1, -((1 << 22) - 1), 12345, -777};
+    for (int n = 0; n < 400; n++) {
+        int d[3];
+        for (int k = 0; k < 3; k++)
+            d[k] = n < 343 ? edge[n / (k == 0 ? 49 : k == 1 ? 7 : 1) % 7] : (int)(next_u32() % ((1u << 23) - 1)) - ((1 << 22) - 1);
+        const double want = 65536.0 * d[0] + 256.0 * d[1] + d[2] + (double)GEMM_M;
+        const double got = gemm_combine(GEMM_MAGIC + d[0], GEMM_MAGIC + d[1], GEMM_MAGIC + d[2]);
+        const double parts = 65536.0 * abs(d[0]) + 256.0 * abs(d[1]) + abs(d[2]) + (double)GEMM_M;
+        EXPECT(fabs(got - want) <= ldexp(parts, -23), "gemm_combine(%d, %d, %d) = %.1f, want %.1f", d[0], d[1], d[2], got,
+               want);
+    }
+}
+
 int main() {
     check_digits();
     check_units_exact<COLI_FMT_Q8>();
@@ -348,6 +381,7 @@ int main() {
     check_decode<COLI_FMT_Q4>(128 * 17); /* two runs of 32 pieces and one of 4 */
     check_decode<COLI_FMT_Q8>(16 * 4, true);
     check_decode<COLI_FMT_Q4>(128, true);
+    check_gemm_pieces();
     printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
     return failures != 0;
 }
