@@ -27,13 +27,10 @@
 #ifndef COLI_GPU_GEMM_CUH
 #define COLI_GPU_GEMM_CUH
 
-/* Shared memory a gemm block's stages may take: sm_86/89/120 give a block 99 KiB,
- * AMD 64 KiB. */
-#ifndef GEMM_SHARED_BUDGET
+/* Shared memory a gemm block's stages may take (within BLOCK_SHARED_MAX), and the
+ * most stages in flight: more did not help (bench/RESULTS.md, sixteenth pass). */
 #define GEMM_SHARED_BUDGET (COLI_HAS_PDL ? 96 * 1024 : 64 * 1024)
 #define GEMM_MAX_STAGES 4
-#define GEMM_SHARED_LIMIT ((COLI_HAS_PDL ? 99 : 64) * 1024)
-#endif
 #define GEMM_MAGIC 0x4B400000 /* the bits of 1.5 * 2^23 */
 
 template <int FORMAT, int WM, int WN, int MT, int NT> struct gemm_shape {
@@ -276,7 +273,7 @@ __global__ void __launch_bounds__(WM * WN * WARP)
 template <int FORMAT, int WM, int WN, int MT, int NT>
 static void launch_gemm(const coli_weight *w, const float *dx, int64_t s, float *planes, float *dy, cudaStream_t stream) {
     using shape = gemm_shape<FORMAT, WM, WN, MT, NT>;
-    static_assert(shape::shared <= GEMM_SHARED_LIMIT, "a gemm block's stages do not fit");
+    static_assert(shape::shared <= BLOCK_SHARED_MAX, "a gemm block's stages do not fit");
     const auto kernel = gemm_kernel<FORMAT, WM, WN, MT, NT>;
     static bool raised = false;
     uint32_t *digits;

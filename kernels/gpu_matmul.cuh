@@ -335,6 +335,8 @@ __device__ inline void mma_chunk(const mma_slot_regs<FORMAT, RB> &sl, const uint
  * fragment load touches alternate between the two halves of the banks. */
 #define MMA_ROW_PITCH (MMA_WARPS * 64 + 64)
 #define MMA_SCALE_PITCH (MMA_WARPS * 16 + 16)
+/* The least shared memory a block may have among the targets: sm_86/89/120 99 KiB, AMD 64 KiB. */
+#define BLOCK_SHARED_MAX ((COLI_HAS_PDL ? 99 : 64) * 1024)
 /* Shared memory a block's stages may take: 72 KiB leaves room for 3 blocks on an
  * sm_90 multiprocessor and fits sm_86/sm_89's 99 KiB; HIP's blocks get 64 KiB. */
 #define MMA_SHARED_BUDGET (COLI_HAS_PDL ? 72 * 1024 : 64 * 1024)
@@ -1224,8 +1226,7 @@ template <int FORMAT, int RB, int NS, int TP>
 static void launch_mma_pairs(const coli_weight *w, const float *dx, int64_t s, float *planes, float *dy,
                              cudaStream_t stream) {
     using shape = mma_shape<FORMAT, RB, NS, TP>;
-    /* the least shared memory a block may have among the targets: sm_86/89/120 99 KiB, AMD 64 KiB */
-    static_assert(shape::shared <= (COLI_HAS_PDL ? 99 : 64) * 1024, "an mma block's stages do not fit");
+    static_assert(shape::shared <= BLOCK_SHARED_MAX, "an mma block's stages do not fit");
     const auto kernel = mma_kernel<FORMAT, RB, NS, TP>;
     static bool raised = false;
     uint32_t *digits;
