@@ -251,6 +251,19 @@ static void gemm_variant(const coli_weight *w, const float *dx, int64_t s, float
 }
 #define GEMM(WM, WN, MT, NT, S) {"gemm " #WM "x" #WN " warps " #MT "x" #NT, S, nullptr, \
                                  gemm_variant<COLI_FMT_Q8, WM, WN, MT, NT>, gemm_variant<COLI_FMT_Q4, WM, WN, MT, NT>}
+template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
+static void dmma_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    if (decode_mma_laid(w) && w->cols == dmma_shape<FORMAT, NW, CH, RT, RR>::cols) launch_decode_mma<FORMAT, NW, CH, RT, RR, MINB>(w, dx, dy, stream);
+    else (void)launch_matmul(w, dx, s, dy, stream, g_bench_planes);
+}
+/* int8 takes NW * CH * 64 columns (CH >= 4: a lane cuts whole runs of 8), int4 twice as many */
+template <int FORMAT, int NW, int CH, int RT, int RR, int MINB> constexpr launcher_fn dmma_fn() {
+    if constexpr (FORMAT == COLI_FMT_Q8 && CH < 4) return nullptr;
+    else if constexpr (dmma_shape<FORMAT, NW, CH, RT, RR>::shared > DMMA_SHARED_MAX) return nullptr; /* no such block */
+    else return dmma_variant<FORMAT, NW, CH, RT, RR, MINB>;
+}
+#define DMMA(NW, CH, RT, RR, MINB) {"decode mma W" #NW " C" #CH " T" #RT " R" #RR " M" #MINB, 1, nullptr, \
+                                    dmma_fn<COLI_FMT_Q8, NW, CH, RT, RR, MINB>(), dmma_fn<COLI_FMT_Q4, NW, CH, RT, RR, MINB>()}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
 static const variant VARIANTS[] = {
@@ -266,6 +279,10 @@ static const variant VARIANTS[] = {
     TILE(32, 64), TILE(64, 64),
     GEMM(2, 4, 2, 2, 32), GEMM(4, 2, 2, 2, 32), GEMM(2, 4, 2, 2, 64), GEMM(4, 2, 2, 2, 64), GEMM(4, 2, 2, 4, 64),
     GEMM(2, 4, 2, 2, 256), GEMM(4, 2, 2, 2, 256), GEMM(4, 2, 2, 4, 256),
+    DMMA(16, 4, 2, 1, 2), DMMA(16, 4, 2, 0, 1), DMMA(16, 4, 2, 1, 1), DMMA(16, 4, 2, 2, 1), DMMA(16, 4, 3, 0, 1),
+    DMMA(16, 4, 3, 1, 1), DMMA(16, 4, 3, 2, 1), DMMA(16, 4, 4, 2, 1), DMMA(8, 4, 2, 0, 1), DMMA(8, 4, 3, 1, 1),
+    DMMA(8, 4, 4, 2, 1), DMMA(12, 4, 2, 0, 1), DMMA(12, 4, 3, 1, 1), DMMA(12, 4, 4, 2, 1), DMMA(16, 2, 2, 0, 1),
+    DMMA(12, 2, 2, 0, 1), DMMA(12, 2, 3, 0, 1), DMMA(16, 8, 1, 0, 1), DMMA(16, 4, 1, 0, 1),
 };
 
 /* COLI_BENCH_ONLY=a,b: only the variants whose names contain one of these */
@@ -442,9 +459,10 @@ int main(int argc, char **argv) {
                     CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));
                     /* the kernels picked, and (int8, int4) the decode kernel with its own prep, (int4)
                      * the walking one and (int8, int4, sm_90) the bulk one */
-                    const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : 4;
+                    const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : 5;
                     for (int path = 0; path < paths; path++) {
                         if (path == 2 && w.format == COLI_FMT_Q8) continue; /* no walking kernel for int8 */
+                        if (path == 4 && !(decode_mma_laid(&w) && w.cols == 4096)) continue; /* 4096 columns only */
                         for (int simple = 1; simple >= 0; simple--) { /* the simple chain first: the other overwrites x */
                             float *a = buf[simple][0], *b = buf[simple][1];
                             if (simple) CHECK(cudaMemcpyAsync(a, x, (size_t)s * w.cols * 4, cudaMemcpyDeviceToDevice, g_stream));
@@ -452,6 +470,8 @@ int main(int argc, char **argv) {
                                 const coli_weight *ww = &ws[step % copies];
                                 if (simple) launch_simple_any(ww, a, s, b, g_stream);
                                 else if (path == 0) CHECK(launch_matmul(ww, a, s, b, g_stream, scratch));
+                                else if (path == 4 && w.format == COLI_FMT_Q8) launch_decode_mma<COLI_FMT_Q8, 16, 4, 3, 1, 1>(ww, a, b, g_stream);
+                                else if (path == 4) launch_decode_mma<COLI_FMT_Q4, 16, 2, 3, 0, 1>(ww, a, b, g_stream);
                                 else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, b, g_stream);
                                 else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, b, g_stream);
                                 else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);
@@ -472,7 +492,8 @@ int main(int argc, char **argv) {
                                path == 0   ? ""
                                : path == 1 ? ", decode with its prep"
                                : path == 2 ? ", decode walk with its prep"
-                                           : ", decode bulk",
+                               : path == 3 ? ", decode bulk"
+                                           : ", decode mma",
                                err, ok ? "true" : "false");
                         fill_floats<<<1024, 256, 0, g_stream>>>(x, (size_t)smax * w.cols, 5 + fi, 1.0f, 0.0f); /* x again */
                         buf[0][0] = x, buf[0][1] = y, buf[1][0] = ref, buf[1][1] = planes;

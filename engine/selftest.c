@@ -21,7 +21,12 @@
  * (8200 x 3072; 12300 x 2048: 8 rows a stage; 8200 x 2048 int8: half its stages
  * before the wait, the rest after x's units) and two (4100 x 2048; 8200 x 2048
  * int4: 8 stages, all early; 6150 x 2048: 6 stages, not a whole turn of the
- * groups), the blocks' last stages short; int8/int4 past 16 tokens in
+ * groups), the blocks' last stages short; int8/int4 decode on the tensor cores
+ * (gpu_decode_mma.cuh, sm_90) at every row width and block shape the launch
+ * picks, the blocks' last tiles short (int8 2, 3 and 4 tiles a block, 1 or 2 of
+ * them in registers: 1000 x 4096, 600 x 2048, 2000 x 4096, 3000 x 3072, 4000 x
+ * 4096; 8192 columns: 20 and 1200 rows; int4 2 and 3 tiles: 1000 x 4096, 4000 x
+ * 4096, 3000 x 3072, and 1 at 8192 columns); int8/int4 past 16 tokens in
  * gemm_kernel's blocks (gpu_gemm.cuh) of each size the launch picks (8500 x 256:
  * int8 128 x 32 and int4 128 x 64, once the blocks fill an H200's 132
  * multiprocessors), cut by the row and token ends, with 1 chunk (fewer than the
@@ -33,7 +38,9 @@ static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 
                                {70, 192, 40, 48}, {64, 96, 2, 48},   {40, 72, 3, 8},    {36, 1152, 1, 32},
                                {300, 640, 2, 32}, {70, 256, 20, 32}, {16401, 1024, 1, 32}, {8200, 3072, 1, 32},
                                {4100, 2048, 1, 32}, {8200, 2048, 1, 32}, {6150, 2048, 1, 32},
-                               {12300, 2048, 1, 32}, {8500, 256, 40, 32}, {200, 384, 100, 32}, {100, 128, 24, 32}};
+                               {12300, 2048, 1, 32}, {8500, 256, 40, 32}, {200, 384, 100, 32}, {100, 128, 24, 32},
+                               {1000, 4096, 1, 32}, {4000, 4096, 1, 32}, {2000, 4096, 1, 32}, {3000, 3072, 1, 32},
+                               {600, 2048, 1, 32}, {1200, 8192, 1, 32}};
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;

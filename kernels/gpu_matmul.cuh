@@ -1197,6 +1197,7 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
 }
 
 #include "gpu_decode_bulk.cuh"
+#include "gpu_decode_mma.cuh"
 
 /* Past the default 48 KiB of dynamic shared memory, once per kernel (`raised`: that kernel's own flag). */
 template <typename Kernel> static void allow_shared(Kernel kernel, int bytes, bool &raised) {
@@ -1268,8 +1269,12 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
- *              sm_90, rows of 2048 to 4096 columns (whole 1024s) and at least
- *              4096 of them, decode_bulk_kernel; else the
+ *              sm_90, rows of 2048 (int8), 3072, 4096 or 8192 columns, int8
+ *              up to 24-48 rows an SM, int4 below 4096 rows,
+ *              decode_mma_kernel (gpu_decode_mma.cuh: launch_decode_mma_pick
+ *              says which and how); rows of 2048 to 4096
+ *              columns (whole 1024s) and at least 4096 of them,
+ *              decode_bulk_kernel; else the
  *              decode kernel; up to 4096 x 4096 with x cut by every block
  *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
  *              above, int8 with 2 warps to a group of rows, 4 rows and one run
@@ -1318,8 +1323,10 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
     } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
         const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
 #if COLI_HAS_PDL
-        if constexpr (FORMAT != COLI_FMT_F32)
+        if constexpr (FORMAT != COLI_FMT_F32) {
+            if (launch_decode_mma_pick<FORMAT>(w, dx, dy, stream)) return;
             if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, dy, stream);
+        }
 #endif
         if constexpr (FORMAT == COLI_FMT_Q8) {
             if (small) launch_decode_fused<FORMAT, 2, 4>(w, dx, dy, stream);

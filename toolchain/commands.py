@@ -57,6 +57,7 @@ BACKEND_HEADERS = (
     "kernels/gpu_compat.h",
     "kernels/gpu_matmul.cuh",
     "kernels/gpu_decode_bulk.cuh",
+    "kernels/gpu_decode_mma.cuh",
     "kernels/gpu_gemm.cuh",
 )
 GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")

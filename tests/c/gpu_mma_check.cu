@@ -8,7 +8,9 @@
  * of 32 per int4 tile, and put together they are the dot product; so are the sums
  * of rows read the way decode_kernel reads them; KS warps sharing rows take each
  * whole run once; an inf or NaN in x makes its sums NaN; and gemm_kernel's turned
- * units and its sums put together hold (check_gemm_pieces). Exit 0 when all hold. */
+ * units and its sums put together hold (check_gemm_pieces); and decode_mma_kernel's
+ * slice of x, its operands and its sums put together make the dot product
+ * (check_decode_mma). Exit 0 when all hold. */
 #include "gpu_compat.h"
 #include "backend_common.h"
 #include "gpu_matmul.cuh"
@@ -367,6 +369,81 @@ static void check_gemm_pieces() {
     }
 }
 
+/* One warp's slice of 16 rows as decode_mma_kernel forms it: x cut with the
+ * slice's power of two into the digits' patch (dmma_run_words at dmma_word), each
+ * lane's A from its 16 bytes of rows g and g + 8 of a chunk (dmma_a) and B from
+ * its digit's words there, the tiles' sums (int4: a group's from 1.5 2^23, times
+ * its scale) put together as the kernel does: the dot product, within what x's
+ * rounding (2^-31 of the slice's largest |x|) and float sums allow. */
+template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f) {
+    constexpr int CC = mma_fmt<FORMAT>::cols, STEPS = mma_fmt<FORMAT>::steps, WORDS = 2 * STEPS;
+    const int rows = 16, cols = chunks * CC, row_bytes = chunks * 64, digit_words = chunks * 4 * WORDS;
+    std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
+    for (uint8_t &b : abi) b = (uint8_t)(next_u32() >> 24);
+    if (FORMAT == COLI_FMT_Q4) mma_reorder(abi.data(), stored.data(), (int64_t)abi.size() / 4);
+    else stored = abi;
+    std::vector<float> x((size_t)cols), scale((size_t)rows * cols / 32);
+    for (int k = 0; k < cols; k++)
+        x[(size_t)k] = k % 37 == 0 ? 0.0f : next_x(amp * (k / CC % 3 == 0 ? 20.0f : k / CC % 3 == 1 ? 1e-3f : 1.0f));
+    for (float &v : scale) v = 0.01f + 0.001f * (float)(next_u32() % 100);
+    uint32_t top = 0;
+    for (float v : x) top = std::max(top, as_bits(v) & 0x7FFFFFFFu);
+    const dmma_power e = dmma_power_of(top);
+    std::vector<uint32_t> patch((size_t)4 * digit_words);
+    for (int run = 0; run < cols / 8; run++) {
+        uint32_t words[4][2];
+        dmma_run_words<FORMAT>(&x[(size_t)run * 8], e, words);
+        for (int d = 0; d < 4; d++)
+            for (int h = 0; h < 2; h++) patch[(size_t)d * digit_words + dmma_word<FORMAT>(run) + h] = words[d][h];
+    }
+    int acc[32][4] = {};
+    float accf[32][4] = {};
+    for (int c = 0; c < chunks; c++)
+        for (int m = 0; m < STEPS; m++) {
+            uint32_t a[32][4], b[32][2];
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane / 4, t = lane % 4;
+                int4 a0, a1;
+                memcpy(&a0, &stored[(size_t)g * row_bytes + 64 * c + 16 * t], 16);
+                memcpy(&a1, &stored[(size_t)(g + 8) * row_bytes + 64 * c + 16 * t], 16);
+                dmma_a<FORMAT>(a0, a1, m, a[lane]);
+                for (int h = 0; h < 2; h++)
+                    b[lane][h] = g < 4 ? patch[(size_t)g * digit_words + c * 4 * WORDS + WORDS * t + 2 * m + h] : 0u;
+            }
+            int d[32][4];
+            reference_mma(a, b, d);
+            for (int lane = 0; lane < 32; lane++)
+                for (int k = 0; k < 4; k++) {
+                    const int row = lane / 4 + 8 * (k / 2);
+                    if (FORMAT == COLI_FMT_Q8) acc[lane][k] += d[lane][k];
+                    else accf[lane][k] = fmaf(dmma_group_sum(DMMA_MAGIC + d[lane][k]), scale[(size_t)row * cols / 32 + c * 4 + m],
+                                              accf[lane][k]);
+                }
+        }
+    float p[32][2];
+    for (int lane = 0; lane < 32; lane++)
+        for (int h = 0; h < 2; h++) {
+            const float lo = FORMAT == COLI_FMT_Q8 ? (float)acc[lane][2 * h] : accf[lane][2 * h];
+            const float hi = FORMAT == COLI_FMT_Q8 ? (float)acc[lane][2 * h + 1] : accf[lane][2 * h + 1];
+            p[lane][h] = dmma_digits(lo, hi, lane % 4);
+        }
+    for (int r = 0; r < rows; r++) {
+        const int lane = 4 * (r % 8), h = r / 8;
+        const double got = (double)e.back(p[lane][h] + p[lane + 1][h]) * (FORMAT == COLI_FMT_Q8 ? 1.0 : 0.0625);
+        double want = 0.0, size = 0.0, wsum = 0.0;
+        for (int k = 0; k < cols; k++) {
+            const double w = (double)stored_value<FORMAT>(abi.data(), r, cols, 0, k) *
+                             (FORMAT == COLI_FMT_Q8 ? 1.0 : (double)scale[(size_t)r * cols / 32 + k / 32]);
+            want += w * x[(size_t)k], size += fabs(w * x[(size_t)k]), wsum += fabs(w);
+        }
+        const double bound = ldexp(wsum * (double)as_float(top), -31) + ldexp(size, -20);
+        EXPECT(fabs(got - want) <= bound, "decode_mma %s, %d chunks, x of %g, row %d: %.9g, want %.9g (bound %.3g)",
+               FORMAT == COLI_FMT_Q8 ? "int8" : "int4", chunks, (double)amp, r, got, want, bound);
+    }
+    EXPECT(std::isnan(dmma_power_of(0x7F800000u).back(1.0f)) && dmma_power_of(0).back(0.0f) == 0.0f,
+           "decode_mma: an inf in the slice makes its sums NaN; a zero slice's are 0");
+}
+
 int main() {
     check_digits();
     check_units_exact<COLI_FMT_Q8>();
@@ -382,6 +459,13 @@ int main() {
     check_decode<COLI_FMT_Q8>(16 * 4, true);
     check_decode<COLI_FMT_Q4>(128, true);
     check_gemm_pieces();
+    check_decode_mma<COLI_FMT_Q8>(4);
+    check_decode_mma<COLI_FMT_Q8>(8);
+    check_decode_mma<COLI_FMT_Q4>(2);
+    check_decode_mma<COLI_FMT_Q4>(4);
+    check_decode_mma<COLI_FMT_Q8>(4, 1e-38f); /* past 2^-90: v in two steps; some x subnormal */
+    check_decode_mma<COLI_FMT_Q4>(2, 1e-38f);
+    check_decode_mma<COLI_FMT_Q8>(4, 1e32f);  /* a large power of two (the sums stay finite) */
     printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
     return failures != 0;
 }

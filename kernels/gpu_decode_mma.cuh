@@ -1,0 +1,345 @@
+/* int8 and int4 at S = 1 on the tensor cores: decode_mma_kernel. Included by
+ * gpu_matmul.cuh after decode_bulk; CUDA only (sm_90 picks it, for its early launches).
+ *
+ * The dp4a kernels take x a digit at a time, and each run of 8 columns has its own
+ * power of two, so every word's sum becomes a float by itself (7 instructions per
+ * 4 int8 weights); after the wait for the call before, that work and cutting x
+ * into units held int8 4096 x 4096 at 70% of copy bandwidth (bench/RESULTS.md,
+ * ninth to fourteenth passes). Here:
+ *   - A warp owns a slice of CH chunks (64 bytes of a row each) of every row of
+ *     the block, and x gets one power of two per slice: v = x 2^(30 - ex), |v| <
+ *     2^30, cut into four int8 digits that are an mma's columns 0-3 (4-7 are
+ *     zero). int8's sums stay exact in int32 over the slice (|sum| <= 512 * 128 *
+ *     128 = 2^23) and become floats once, at the end: an mma a 512 weights and
+ *     nothing else. int4's (each value n + 8 made 16 n, as mma_kernel does) start
+ *     each group of 32 at the bits of 1.5 2^23 and become floats, times the
+ *     group's scale, after each mma. Rounding x costs 2^-31 of the slice's
+ *     largest |x|, beside a float32 sum's 2^-24 of its largest term.
+ *   - Each warp cuts its own slice of x (8 or 16 values a lane, the slice's
+ *     largest |x| by one warp reduction) and swaps the digits through its own
+ *     patch of shared memory: no barrier of the block before the sums.
+ *   - W: a tile is 16 rows; lane (g, t) holds 16 bytes of rows g and g + 8 at
+ *     byte 16t of each chunk, which are A of two int8 mma tiles (int4: of four, a
+ *     group each, as the mma layout lies) for a k order that the digits follow.
+ *     The first RR tiles of a block are loaded into registers, the rest (and
+ *     int4's scales) copied into shared memory, each lane the bytes it reads
+ *     itself (scales: then the warp meets), all before the wait.
+ *   - A row's sums meet across a warp's lanes in one exchange and across the
+ *     warps, at the end, in shared memory in a fixed order.
+ * A block holds all of its W while it waits. The launch leaves about half the
+ * SMs free, where the next call's blocks start at once and load their W while
+ * this call computes (bench/RESULTS.md, seventeenth pass: that beat two blocks
+ * an SM, MINB 2, which the bench still compares). */
+#ifndef COLI_GPU_DECODE_MMA_CUH
+#define COLI_GPU_DECODE_MMA_CUH
+
+#if COLI_HAS_PDL
+#define DMMA_BITS 30 /* |v| < 2^30: four digits, the top one in [-64, 64] */
+#define DMMA_MAGIC 0x4B400000 /* 1.5 2^23: an int4 group's sums start here and read as floats */
+#define DMMA_SHARED_MAX (227 * 1024) /* a block's shared memory on sm_90 */
+
+/* A chunk is 64 bytes of a row: 64 int8 columns or 128 int4 ones (4 groups). */
+template <int FORMAT, int NW, int CH, int RT, int RR> struct dmma_shape {
+    static constexpr int chunk_cols = FORMAT == COLI_FMT_Q8 ? 64 : 128;
+    static constexpr int cols = NW * CH * chunk_cols;
+    static constexpr int row_bytes = NW * CH * 64;
+    static constexpr int rows = RT * 16;
+    static constexpr int vpl = CH * chunk_cols / WARP; /* x values a lane cuts */
+    /* a digit's words in a warp's patch (int8: 4 columns a word; int4: a run of 8
+     * columns' even and odd ones, lane slot t's 4 groups side by side), padded so
+     * that a quarter warp's reads of digits g and g + 1 fall in other banks */
+    static constexpr int digit_words = FORMAT == COLI_FMT_Q8 ? CH * 16 + 16 : CH * 32 + 4;
+    static constexpr size_t w_bytes = (size_t)(RT - RR) * 16 * row_bytes;
+    static constexpr size_t s_bytes = FORMAT == COLI_FMT_Q8 ? 0 : (size_t)RT * NW * 16 * CH * 4 * 4; /* int4 scales */
+    static constexpr size_t x_bytes = (size_t)NW * 4 * digit_words * 4;
+    static constexpr size_t part_bytes = (size_t)NW * rows * 4;
+    static constexpr size_t shared = w_bytes + s_bytes + x_bytes + part_bytes;
+    static_assert(RR >= 0 && RR <= RT && vpl % 8 == 0, "whole tiles; lanes cut whole runs of 8 columns");
+};
+
+/* The slice's power of two from its largest |x|'s bits: v = x pre step is x
+ * 2^(30 - ex), in two exact steps when 2^(30 - ex) is past a float's exponents;
+ * back() takes a sum of v's digits back (an inf or NaN in the slice: NaN). */
+struct dmma_power {
+    float pre, step, up, drop;
+    __host__ __device__ float back(float p) const { return p * up * drop; }
+};
+__host__ __device__ inline dmma_power dmma_power_of(uint32_t top) {
+    int ex = (int)(top >> 23) - 126; /* the largest |x| < 2^ex */
+    if (top < 0x00800000u) (void)frexpf(as_float(top), &ex); /* 0 or subnormal */
+    const int lift = ex < -90 ? 64 : 0;
+    dmma_power e;
+    e.pre = pow2(lift), e.step = pow2(DMMA_BITS - ex - lift);
+    e.up = top >= 0x7F800000u ? NAN : pow2(ex - DMMA_BITS + lift), e.drop = pow2(-lift);
+    return e;
+}
+
+__host__ __device__ inline int dmma_round(float v) {
+#if defined(__CUDA_ARCH__)
+    return __float2int_rn(v);
+#else
+    return (int)rintf(v); /* to nearest, ties to even, as __float2int_rn */
+#endif
+}
+
+/* A run of 8 columns -> digit d's two words: int8, columns 0-3 and 4-7; int4, the
+ * even and the odd columns (as the nibbles lie). v + 0x808080 holds digits 0-2
+ * plus 128 as its bytes 0-2 and digit 3 as byte 3 (|v| < 2^30: no byte carries
+ * into the next), so v = d0 + 2^8 d1 + 2^16 d2 + 2^24 d3 exactly. */
+template <int FORMAT>
+__host__ __device__ inline void dmma_run_words(const float *v, const dmma_power &e, uint32_t (&words)[4][2]) {
+    uint32_t u[8];
+    for (int j = 0; j < 8; j++) u[j] = (uint32_t)dmma_round(v[j] * e.pre * e.step) + 0x00808080u;
+    for (int d = 0; d < 4; d++) {
+        const uint32_t flip = d < 3 ? 0x80808080u : 0u;
+        if (FORMAT == COLI_FMT_Q8)
+            words[d][0] = bytes_of4(u[0], u[1], u[2], u[3], (uint32_t)d) ^ flip,
+            words[d][1] = bytes_of4(u[4], u[5], u[6], u[7], (uint32_t)d) ^ flip;
+        else
+            words[d][0] = bytes_of4(u[0], u[2], u[4], u[6], (uint32_t)d) ^ flip,
+            words[d][1] = bytes_of4(u[1], u[3], u[5], u[7], (uint32_t)d) ^ flip;
+    }
+}
+
+/* Where run R (8 columns) of a warp's slice puts its words in a digit's row of the
+ * patch: lane slot t reads its chunk's words side by side, int8 4 (B of two mma
+ * tiles), int4 8 (B of a tile for each of its 4 groups). */
+template <int FORMAT> __host__ __device__ inline int dmma_word(int run) {
+    if constexpr (FORMAT == COLI_FMT_Q8) return 2 * run; /* columns 8R..8R+3, then 8R+4.. */
+    else return run / 16 * 32 + run % 4 * 8 + run % 16 / 4 * 2; /* chunk, lane slot t, group: even, then odd */
+}
+
+/* A of mma tile m of a chunk from a lane's 16 bytes of rows g (a0) and g + 8 (a1):
+ * int8, words 2m and 2m + 1 (columns 16t + 8m ..); int4, word m, group m's word
+ * t in the mma layout, as 16 n of its even and its odd columns. */
+template <int FORMAT>
+__host__ __device__ inline void dmma_a(const int4 &a0, const int4 &a1, int m, uint32_t (&a)[4]) {
+    if constexpr (FORMAT == COLI_FMT_Q8) {
+        a[0] = word_of(a0, 2 * m), a[1] = word_of(a1, 2 * m), a[2] = word_of(a0, 2 * m + 1), a[3] = word_of(a1, 2 * m + 1);
+    } else {
+        q4_to_s8(word_of(a0, m), a[0], a[2]);
+        q4_to_s8(word_of(a1, m), a[1], a[3]);
+    }
+}
+
+/* An int4 group's digit sum, started at 1.5 2^23: |sum| <= 32 * 128 * 128 = 2^19,
+ * so the bits are the float 1.5 2^23 + sum, exactly. */
+__host__ __device__ inline float dmma_group_sum(int d) { return as_float((uint32_t)d) - 12582912.0f; }
+
+/* A lane's two digit sums of a row put together: lane slot t = 0 holds digits 0
+ * and 1, t = 1 digits 2 and 3, t = 2 and 3 the mma's unused columns. */
+__host__ __device__ inline float dmma_digits(float lo, float hi, int t) {
+    const float w0 = t == 0 ? 1.0f : t == 1 ? 65536.0f : 0.0f, w1 = t == 0 ? 256.0f : t == 1 ? 16777216.0f : 0.0f;
+    return fmaf(hi, w1, lo * w0);
+}
+
+template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
+__global__ void __launch_bounds__(NW * WARP, MINB)
+    decode_mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
+                      const float *__restrict__ x, float *__restrict__ y) {
+    using shape = dmma_shape<FORMAT, NW, CH, RT, RR>;
+    extern __shared__ __align__(16) uint8_t dmma_shared[];
+    coli_allow_next_grid();
+    const int lane = (int)threadIdx.x % WARP, warp = (int)threadIdx.x / WARP, g = lane / 4, t = lane % 4;
+    /* the block's rows: an equal share (at most shape::rows) */
+    const int64_t row0 = rows * blockIdx.x / gridDim.x, row_end = rows * (blockIdx.x + 1) / gridDim.x;
+    const int kb = warp * CH * 64; /* the warp's slice: bytes kb.. of each row */
+    float *sc = (float *)(dmma_shared + shape::w_bytes); /* int4: [tile][warp][row][group of the slice] */
+    if constexpr (FORMAT == COLI_FMT_Q4) { /* a lane copies 16 bytes of scales; the 4 lanes of a row group read them */
+        const int64_t groups = shape::cols / 32;
+#pragma unroll
+        for (int i = 0; i < RT; i++)
+            for (int p = lane; p < 16 * CH; p += WARP) {
+                const int64_t r = row0 + 16 * i + p / CH;
+                coli_copy_async16(sc + ((i * NW + warp) * 16 + p / CH) * 4 * CH + 4 * (p % CH),
+                                  scale + (r < row_end ? r : row_end - 1) * groups + warp * CH * 4 + 4 * (p % CH));
+            }
+        coli_copy_commit();
+    }
+    /* W: rows past the block's re-read its last one (their sums are dropped) */
+    int4 wr[RR > 0 ? RR : 1][CH][2];
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = row0 + 16 * i + g + 8 * h;
+            const uint8_t *src = q + (r < row_end ? r : row_end - 1) * shape::row_bytes + kb + 16 * t;
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                if (i < RR) wr[i < RR ? i : 0][c][h] = COLI_LOAD_STREAM((const int4 *)(src + 64 * c));
+                else coli_copy_async16(dmma_shared + ((((i - RR) * NW + warp) * CH + c) * 2 + h) * 512 + lane * 16,
+                                       src + 64 * c);
+            }
+        }
+    coli_copy_commit();
+    const int64_t my_row = row0 + (int64_t)threadIdx.x;
+    const float row_scale = FORMAT == COLI_FMT_Q8 && my_row < row_end ? scale[my_row] : 0.0625f; /* int4: 16 n */
+    coli_wait_prior_grid(); /* x is the last call's from here on */
+
+    /* x's slice: a lane's vpl values, the slice's largest |x| < 2^ex, v = x 2^(30 - ex) */
+    const int k0 = warp * CH * shape::chunk_cols;
+    float v[shape::vpl];
+#pragma unroll
+    for (int j = 0; j < shape::vpl / 4; j++) {
+        const float4 f = COLI_LOAD_FRESH((const float4 *)(x + k0 + shape::vpl * lane) + j);
+        v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+    }
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < shape::vpl; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
+    const dmma_power e = dmma_power_of(coli_warp_max(top));
+    uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * 4 * shape::digit_words;
+#pragma unroll
+    for (int r = 0; r < shape::vpl / 8; r++) {
+        uint32_t words[4][2];
+        dmma_run_words<FORMAT>(v + 8 * r, e, words);
+        const int at = dmma_word<FORMAT>(lane * (shape::vpl / 8) + r);
+#pragma unroll
+        for (int d = 0; d < 4; d++) *(uint2 *)(patch + d * shape::digit_words + at) = make_uint2(words[d][0], words[d][1]);
+    }
+    if constexpr (FORMAT == COLI_FMT_Q4) coli_copy_wait<1>(); /* this lane's scales (W's copies may still run) */
+    __syncwarp(); /* the warp's digits (and scales) are in */
+
+    /* int8: int32 sums over the slice; int4: each group's, times its scale, in floats */
+    int acc[RT][4] = {};
+    float accf[RT][4] = {};
+    const uint32_t *mine = patch + (g & 3) * shape::digit_words + (FORMAT == COLI_FMT_Q8 ? 4 : 8) * t;
+#pragma unroll
+    for (int i = 0; i < RT; i++) {
+        if (i == RR) coli_copy_wait<0>(); /* this lane's copies are in */
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            int4 a0, a1;
+            if (i < RR) {
+                a0 = wr[i < RR ? i : 0][c][0], a1 = wr[i < RR ? i : 0][c][1];
+            } else {
+                const uint8_t *slot = dmma_shared + (((i - RR) * NW + warp) * CH + c) * 2 * 512 + lane * 16;
+                a0 = *(const int4 *)slot, a1 = *(const int4 *)(slot + 512);
+            }
+            /* this lane's digit words of the chunk (digit g; none past digit 3) */
+            uint32_t bw[mma_fmt<FORMAT>::steps * 2];
+#pragma unroll
+            for (int k = 0; k < mma_fmt<FORMAT>::steps * 2; k += 4)
+                *(uint4 *)(bw + k) = *(const uint4 *)(mine + 8 * mma_fmt<FORMAT>::steps * c + k);
+#pragma unroll
+            for (int k = 0; k < mma_fmt<FORMAT>::steps * 2; k++) bw[k] = g < 4 ? bw[k] : 0u;
+            float4 s0 = {}, s8 = {}; /* int4: the scales of rows g and g + 8 for the chunk's 4 groups */
+            if constexpr (FORMAT == COLI_FMT_Q4) {
+                const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c;
+                s0 = *(const float4 *)srow, s8 = *(const float4 *)(srow + 8 * 4 * CH);
+            }
+#pragma unroll
+            for (int m = 0; m < mma_fmt<FORMAT>::steps; m++) {
+                uint32_t a[4];
+                dmma_a<FORMAT>(a0, a1, m, a);
+                const uint32_t b[2] = {bw[2 * m], bw[2 * m + 1]};
+                if constexpr (FORMAT == COLI_FMT_Q8) {
+                    coli_mma_s8(acc[i], a, b);
+                } else { /* group m: its sums, from 1.5 2^23, times its scale */
+                    int d[4] = {DMMA_MAGIC, DMMA_MAGIC, DMMA_MAGIC, DMMA_MAGIC};
+                    coli_mma_s8(d, a, b);
+                    const float sg = elem(s0, m), sg8 = elem(s8, m);
+#pragma unroll
+                    for (int k = 0; k < 4; k++) accf[i][k] = fmaf(dmma_group_sum(d[k]), k < 2 ? sg : sg8, accf[i][k]);
+                }
+            }
+        }
+    }
+
+    float *part = (float *)(dmma_shared + shape::w_bytes + shape::s_bytes + shape::x_bytes);
+#pragma unroll
+    for (int i = 0; i < RT; i++) {
+        float f[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) f[k] = FORMAT == COLI_FMT_Q8 ? (float)acc[i][k] : accf[i][k];
+        float p0 = dmma_digits(f[0], f[1], t), p8 = dmma_digits(f[2], f[3], t);
+        p0 += COLI_SHFL_XOR(p0, 1), p8 += COLI_SHFL_XOR(p8, 1);
+        if (t == 0)
+            part[warp * shape::rows + 16 * i + g] = e.back(p0), part[warp * shape::rows + 16 * i + g + 8] = e.back(p8);
+    }
+    __syncthreads();
+    if (my_row < row_end) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NW; k++) s += part[k * shape::rows + threadIdx.x];
+        y[my_row] = s * row_scale;
+    }
+}
+
+/* Whether decode_mma_kernel can take a weight of its width: int8, or int4 in the
+ * mma layout, on sm_90. */
+static bool decode_mma_laid(const coli_weight *w) {
+    return (w->format == COLI_FMT_Q8 || (w->format == COLI_FMT_Q4 && w->layout == MMA_LAYOUT)) && cc_major() >= 9;
+}
+
+template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
+static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    using shape = dmma_shape<FORMAT, NW, CH, RT, RR>;
+    static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's W, x's digits and sums fit its shared memory");
+    const auto kernel = decode_mma_kernel<FORMAT, NW, CH, RT, RR, MINB>;
+    static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
+    if (!raised)
+        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)shape::shared) == cudaSuccess &&
+                 cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    launch_early(chain_calls(), kernel, dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), dim3(NW * WARP),
+                 shape::shared, stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
+}
+
+/* int8: tiles of 16 rows a block (T) and of them in registers (R), by rows: the
+ * blocks about half the SMs (T = rows / 8 SMs, 2 to 4), so that the next call's
+ * blocks start at once on the other half, and half of a block's W in registers
+ * (all of it where the blocks are a quarter of the SMs or fewer). */
+template <int FORMAT, int NW, int CH>
+static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), 4);
+    if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
+    else if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1>(w, dx, dy, stream);
+    else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1>(w, dx, dy, stream);
+    else launch_decode_mma<FORMAT, NW, CH, 4, 2, 1>(w, dx, dy, stream);
+}
+
+/* S = 1 through decode_mma_kernel where it beats the other kernels (bench/RESULTS.md,
+ * seventeenth pass; blocks of one tile a warp's slice wide):
+ *   int8  2048 columns up to 24 rows an SM, 3072 and 4096 up to 48 (tiles by
+ *         launch_decode_mma_tiles; 4096 x 4096: 5.6 -> 4.5 us); 8192 up to 8
+ *         rows an SM two tiles a block (one in registers), else blocks of one
+ *         while they leave a quarter of the SMs free.
+ *   int4  3072 and 4096 columns below the 4096 rows decode_bulk_kernel takes:
+ *         two tiles a block while the blocks are at most half the SMs, else
+ *         three; 8192 columns one tile, while the blocks leave a quarter free.
+ * Returns whether it launched. */
+template <int FORMAT> static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    if (!decode_mma_laid(w)) return false;
+    const int64_t sms = sm_count(), per_sm = (w->rows + sms - 1) / sms;
+    const bool quarter_free = (w->rows + 15) / 16 * 4 <= 3 * sms; /* blocks of 16 rows */
+    if constexpr (FORMAT == COLI_FMT_Q8) {
+        switch (w->cols) {
+        case 2048: if (per_sm > 24) return false; launch_decode_mma_tiles<FORMAT, 8, 4>(w, dx, dy, stream); return true;
+        case 3072: if (per_sm > 48) return false; launch_decode_mma_tiles<FORMAT, 12, 4>(w, dx, dy, stream); return true;
+        case 4096: if (per_sm > 48) return false; launch_decode_mma_tiles<FORMAT, 16, 4>(w, dx, dy, stream); return true;
+        case 8192:
+            if (per_sm <= 8) return launch_decode_mma<FORMAT, 16, 8, 2, 1, 1>(w, dx, dy, stream), true;
+            if (quarter_free) return launch_decode_mma<FORMAT, 16, 8, 1, 0, 1>(w, dx, dy, stream), true;
+            return false;
+        default: return false;
+        }
+    } else {
+        if (w->rows >= 4096 && w->cols <= 4096) return false; /* decode_bulk_kernel's */
+        const bool half = (w->rows + 31) / 32 * 2 <= sms; /* blocks of two tiles */
+        switch (w->cols) {
+        case 3072:
+            if (half) return launch_decode_mma<FORMAT, 12, 2, 2, 0, 1>(w, dx, dy, stream), true;
+            return launch_decode_mma<FORMAT, 12, 2, 3, 0, 1>(w, dx, dy, stream), true;
+        case 4096:
+            if (half) return launch_decode_mma<FORMAT, 16, 2, 2, 0, 1>(w, dx, dy, stream), true;
+            return launch_decode_mma<FORMAT, 16, 2, 3, 0, 1>(w, dx, dy, stream), true;
+        case 8192: if (quarter_free) return launch_decode_mma<FORMAT, 16, 4, 1, 0, 1>(w, dx, dy, stream), true; return false;
+        default: return false;
+        }
+    }
+}
+#endif
+
+#endif
