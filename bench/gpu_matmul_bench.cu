@@ -458,7 +458,8 @@ int main(int argc, char **argv) {
                     float *scratch;
                     CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));
                     /* the kernels picked, and (int8, int4) the decode kernel with its own prep, (int4)
-                     * the walking one and (int8, int4, sm_90) the bulk one */
+                     * the walking one and (int8, int4, sm_90) the bulk one and, at 4096 columns, the
+                     * tensor-core one in a form the pick does not take there */
                     const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : 5;
                     for (int path = 0; path < paths; path++) {
                         if (path == 2 && w.format == COLI_FMT_Q8) continue; /* no walking kernel for int8 */
