@@ -35,7 +35,6 @@
 
 #if COLI_HAS_PDL
 #define DMMA_BITS 30 /* |v| < 2^30: four digits, the top one in [-64, 64] */
-#define DMMA_MAGIC 0x4B400000 /* 1.5 2^23: an int4 group's sums start here and read as floats */
 #define DMMA_SHARED_MAX (227 * 1024) /* a block's shared memory on sm_90 */
 
 /* A chunk is 64 bytes of a row: 64 int8 columns or 128 int4 ones (4 groups). */
@@ -121,10 +120,6 @@ __host__ __device__ inline void dmma_a(const int4 &a0, const int4 &a1, int m, ui
         q4_to_s8(word_of(a1, m), a[1], a[3]);
     }
 }
-
-/* An int4 group's digit sum, started at 1.5 2^23: |sum| <= 32 * 128 * 128 = 2^19,
- * so the bits are the float 1.5 2^23 + sum, exactly. */
-__host__ __device__ inline float dmma_group_sum(int d) { return as_float((uint32_t)d) - 12582912.0f; }
 
 /* A lane's two digit sums of a row put together: lane slot t = 0 holds digits 0
  * and 1, t = 1 digits 2 and 3, t = 2 and 3 the mma's unused columns. */
@@ -235,12 +230,12 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 const uint32_t b[2] = {bw[2 * m], bw[2 * m + 1]};
                 if constexpr (FORMAT == COLI_FMT_Q8) {
                     coli_mma_s8(acc[i], a, b);
-                } else { /* group m: its sums, from 1.5 2^23, times its scale */
-                    int d[4] = {DMMA_MAGIC, DMMA_MAGIC, DMMA_MAGIC, DMMA_MAGIC};
+                } else { /* group m: its sums from 1.5 2^23 (|sum| <= 32 * 128 * 128 = 2^19), times its scale */
+                    int d[4] = {FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS};
                     coli_mma_s8(d, a, b);
                     const float sg = elem(s0, m), sg8 = elem(s8, m);
 #pragma unroll
-                    for (int k = 0; k < 4; k++) accf[i][k] = fmaf(dmma_group_sum(d[k]), k < 2 ? sg : sg8, accf[i][k]);
+                    for (int k = 0; k < 4; k++) accf[i][k] = fmaf(float_sum(d[k]), k < 2 ? sg : sg8, accf[i][k]);
                 }
             }
         }

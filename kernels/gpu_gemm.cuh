@@ -31,7 +31,6 @@
  * most stages in flight: more did not help (bench/RESULTS.md, sixteenth pass). */
 #define GEMM_SHARED_BUDGET (COLI_HAS_PDL ? 96 * 1024 : 64 * 1024)
 #define GEMM_MAX_STAGES 4
-#define GEMM_MAGIC 0x4B400000 /* the bits of 1.5 * 2^23 */
 
 template <int FORMAT, int WM, int WN, int MT, int NT> struct gemm_shape {
     static constexpr int threads = WM * WN * WARP;
@@ -114,9 +113,8 @@ template <int FORMAT, int WM, int WN, int MT, int NT> struct gemm_copier {
  * steps take the 1.5 * 2^23 off a and b exactly and then round twice, each time by
  * at most 2^-24 of the parts' size (a 2^16, b 2^8, c and 1.5 * 2^23), as a float sum
  * of those parts would (tests/c/gpu_mma_check.cu). */
-#define GEMM_M 12582912.0f
 __host__ __device__ inline float gemm_combine(int a, int b, int c) {
-    return fmaf(as_float((uint32_t)a) - GEMM_M, 65536.0f, fmaf(as_float((uint32_t)b) - GEMM_M, 256.0f, as_float((uint32_t)c)));
+    return fmaf(float_sum(a), 65536.0f, fmaf(float_sum(b), 256.0f, as_float((uint32_t)c)));
 }
 
 /* Block (x, y): tokens from tokens * x, rows from rows * y; warp w the tile
@@ -212,7 +210,7 @@ __global__ void __launch_bounds__(WM * WN * WARP)
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const float off = -GEMM_M * (sc[mt][h].x + sc[mt][h].y + sc[mt][h].z + sc[mt][h].w);
+                    const float off = -FLOAT_SUM_BASE * (sc[mt][h].x + sc[mt][h].y + sc[mt][h].z + sc[mt][h].w);
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) part[mt][nt][2 * h] = part[mt][nt][2 * h + 1] = off;
                 }
@@ -222,7 +220,7 @@ __global__ void __launch_bounds__(WM * WN * WARP)
             if (j < UNITS) {
                 const int grp = j % NG, mt = j / NG % MT, nt = j / NG / MT;
 #pragma unroll
-                for (int d = 0; d < DIGITS; d++) sum[j % 2][d][0] = sum[j % 2][d][1] = sum[j % 2][d][2] = sum[j % 2][d][3] = GEMM_MAGIC;
+                for (int d = 0; d < DIGITS; d++) sum[j % 2][d][0] = sum[j % 2][d][1] = sum[j % 2][d][2] = sum[j % 2][d][3] = FLOAT_SUM_BITS;
 #pragma unroll
                 for (int m = grp * KG; m < grp * KG + KG; m++)
 #pragma unroll
@@ -263,7 +261,7 @@ __global__ void __launch_bounds__(WM * WN * WARP)
             for (int i = 0; i < 4; i++) {
                 const int64_t row = row0 + wr + mt * 16 + g + 8 * (i / 2), tok = tok0 + wt + nt * 8 + 2 * t + i % 2;
                 if (row < rows && tok < s) {
-                    const float v = FORMAT == COLI_FMT_Q8 ? fmaf(-GEMM_M, i % 2 ? esum[nt].y : esum[nt].x, acc[mt][nt][i]) : acc[mt][nt][i];
+                    const float v = FORMAT == COLI_FMT_Q8 ? fmaf(-FLOAT_SUM_BASE, i % 2 ? esum[nt].y : esum[nt].x, acc[mt][nt][i]) : acc[mt][nt][i];
                     y[tok * rows + row] = v * (FORMAT == COLI_FMT_Q8 ? scale[row] : 0.0625f);
                 }
             }

@@ -151,6 +151,14 @@ __host__ __device__ inline uint32_t pack4(int v0, int v1, int v2, int v3) {
 /* 2^e as a float, for e in [-126, 127]: built from its bits (no ldexpf). */
 __host__ __device__ inline float pow2(int e) { return as_float((uint32_t)(e + 127) << 23); }
 
+/* 1.5 2^23 and its bits. An integer below 2^22 added to it in a float lands in the
+ * low bits (run_units cuts x so); an int32 sum started at the bits reads, as a
+ * float, 1.5 2^23 plus the sum, exactly while |sum| < 2^22 (float_sum takes the
+ * 1.5 2^23 off: the tensor cores' sums need no conversion instruction). */
+#define FLOAT_SUM_BITS 0x4B400000
+#define FLOAT_SUM_BASE 12582912.0f
+__host__ __device__ inline float float_sum(int bits) { return as_float((uint32_t)bits) - FLOAT_SUM_BASE; }
+
 /* The digits of 8 values of a chunk whose largest |x| is below 2^ex. */
 __host__ __device__ inline void digits_of8(const float (&x)[8], int ex, int (&d)[DIGITS][8]) {
     const bool near = ex >= -104; /* 2^(22 - ex) is a normal float: one exact multiply */
@@ -540,7 +548,7 @@ template <int FORMAT> __host__ __device__ inline void run_units(const float (&v)
         uint32_t u[8];
         for (int j = 0; j < 8; j++) {
             /* x 2^(22 - ex) is exact and below 2^22: added to 1.5 2^23 it rounds to an integer in the low bits */
-            int q = (int)as_bits(fmaf(v[j], step, 12582912.0f)) - 0x4B400000;
+            int q = (int)as_bits(fmaf(v[j], step, FLOAT_SUM_BASE)) - FLOAT_SUM_BITS;
             q = q > V_MAX ? V_MAX : q < -V_MAX ? -V_MAX : q;
             u[j] = (uint32_t)q + 0x808080u, sum += q;
         }

@@ -361,9 +361,9 @@ static void check_gemm_pieces() {
         int d[3];
         for (int k = 0; k < 3; k++)
             d[k] = n < 343 ? edge[n / (k == 0 ? 49 : k == 1 ? 7 : 1) % 7] : (int)(next_u32() % ((1u << 23) - 1)) - ((1 << 22) - 1);
-        const double want = 65536.0 * d[0] + 256.0 * d[1] + d[2] + (double)GEMM_M;
-        const double got = gemm_combine(GEMM_MAGIC + d[0], GEMM_MAGIC + d[1], GEMM_MAGIC + d[2]);
-        const double parts = 65536.0 * abs(d[0]) + 256.0 * abs(d[1]) + abs(d[2]) + (double)GEMM_M;
+        const double want = 65536.0 * d[0] + 256.0 * d[1] + d[2] + (double)FLOAT_SUM_BASE;
+        const double got = gemm_combine(FLOAT_SUM_BITS + d[0], FLOAT_SUM_BITS + d[1], FLOAT_SUM_BITS + d[2]);
+        const double parts = 65536.0 * abs(d[0]) + 256.0 * abs(d[1]) + abs(d[2]) + (double)FLOAT_SUM_BASE;
         EXPECT(fabs(got - want) <= ldexp(parts, -23), "gemm_combine(%d, %d, %d) = %.1f, want %.1f", d[0], d[1], d[2], got,
                want);
     }
@@ -416,7 +416,7 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
                 for (int k = 0; k < 4; k++) {
                     const int row = lane / 4 + 8 * (k / 2);
                     if (FORMAT == COLI_FMT_Q8) acc[lane][k] += d[lane][k];
-                    else accf[lane][k] = fmaf(dmma_group_sum(DMMA_MAGIC + d[lane][k]), scale[(size_t)row * cols / 32 + c * 4 + m],
+                    else accf[lane][k] = fmaf(float_sum(FLOAT_SUM_BITS + d[lane][k]), scale[(size_t)row * cols / 32 + c * 4 + m],
                                               accf[lane][k]);
                 }
         }
