@@ -283,6 +283,8 @@ static const variant VARIANTS[] = {
     DMMA(16, 4, 3, 1, 1), DMMA(16, 4, 3, 2, 1), DMMA(16, 4, 4, 2, 1), DMMA(8, 4, 2, 0, 1), DMMA(8, 4, 3, 1, 1),
     DMMA(8, 4, 4, 2, 1), DMMA(12, 4, 2, 0, 1), DMMA(12, 4, 3, 1, 1), DMMA(12, 4, 4, 2, 1), DMMA(16, 2, 2, 0, 1),
     DMMA(12, 2, 2, 0, 1), DMMA(12, 2, 3, 0, 1), DMMA(16, 8, 1, 0, 1), DMMA(16, 4, 1, 0, 1),
+    DMMA(16, 2, 2, 1, 1), DMMA(16, 2, 3, 1, 1), DMMA(16, 2, 4, 1, 1), DMMA(16, 2, 4, 2, 1), DMMA(16, 2, 5, 2, 1),
+    DMMA(16, 2, 5, 3, 1), DMMA(16, 2, 6, 3, 1), DMMA(12, 2, 3, 1, 1), DMMA(12, 2, 4, 1, 1), DMMA(12, 2, 5, 2, 1),
 };
 
 /* COLI_BENCH_ONLY=a,b: only the variants whose names contain one of these */
@@ -472,7 +474,7 @@ int main(int argc, char **argv) {
                                 if (simple) launch_simple_any(ww, a, s, b, g_stream);
                                 else if (path == 0) CHECK(launch_matmul(ww, a, s, b, g_stream, scratch));
                                 else if (path == 4 && w.format == COLI_FMT_Q8) launch_decode_mma<COLI_FMT_Q8, 16, 4, 3, 1, 1>(ww, a, b, g_stream);
-                                else if (path == 4) launch_decode_mma<COLI_FMT_Q4, 16, 2, 3, 0, 1>(ww, a, b, g_stream);
+                                else if (path == 4) launch_decode_mma<COLI_FMT_Q4, 16, 2, 3, 1, 1>(ww, a, b, g_stream);
                                 else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, b, g_stream);
                                 else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, b, g_stream);
                                 else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);

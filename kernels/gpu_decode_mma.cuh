@@ -8,12 +8,14 @@
  * ninth to fourteenth passes). Here:
  *   - A warp owns a slice of CH chunks (64 bytes of a row each) of every row of
  *     the block, and x gets one power of two per slice: v = x 2^(30 - ex), |v| <
- *     2^30, cut into four int8 digits that are an mma's columns 0-3 (4-7 are
- *     zero). int8's sums stay exact in int32 over the slice (|sum| <= 512 * 128 *
- *     128 = 2^23) and become floats once, at the end: an mma a 512 weights and
- *     nothing else. int4's (each value n + 8 made 16 n, as mma_kernel does) start
- *     each group of 32 at the bits of 1.5 2^23 and become floats, times the
- *     group's scale, after each mma. Rounding x costs 2^-31 of the slice's
+ *     2^30, cut into four int8 digits that are an mma's columns 0-3. int8's sums
+ *     stay exact in int32 over the slice (|sum| <= 512 * 128 * 128 = 2^23) and
+ *     become floats once, at the end: an mma a 512 weights and nothing else.
+ *     int4's (each value n + 8 made 16 n, as mma_kernel does) are a group's of
+ *     32 each: two groups share a C, their digits in B's columns 0-3 and 4-7
+ *     (dmma_b_at), started at the bits of 1.5 2^23, and become floats, times
+ *     each group's scale, after the pair: 4 float instructions an mma, not 8
+ *     (bench/RESULTS.md, eighteenth pass). Rounding x costs 2^-31 of the slice's
  *     largest |x|, beside a float32 sum's 2^-24 of its largest term.
  *   - Each warp cuts its own slice of x (8 or 16 values a lane, the slice's
  *     largest |x| by one warp reduction) and swaps the digits through its own
@@ -24,7 +26,7 @@
  *     The first RR tiles of a block are loaded into registers, the rest (and
  *     int4's scales) copied into shared memory, each lane the bytes it reads
  *     itself (scales: then the warp meets), all before the wait.
- *   - A row's sums meet across a warp's lanes in one exchange and across the
+ *   - A row's sums meet across a warp's lanes (int4: two exchanges) and across the
  *     warps, at the end, in shared memory in a fixed order.
  * A block holds all of its W while it waits. The launch leaves about half the
  * SMs free, where the next call's blocks start at once and load their W while
@@ -50,7 +52,8 @@ template <int FORMAT, int NW, int CH, int RT, int RR> struct dmma_shape {
     static constexpr int digit_words = FORMAT == COLI_FMT_Q8 ? CH * 16 + 16 : CH * 32 + 4;
     static constexpr size_t w_bytes = (size_t)(RT - RR) * 16 * row_bytes;
     static constexpr size_t s_bytes = FORMAT == COLI_FMT_Q8 ? 0 : (size_t)RT * NW * 16 * CH * 4 * 4; /* int4 scales */
-    static constexpr size_t x_bytes = (size_t)NW * 4 * digit_words * 4;
+    static constexpr int digit_rows = FORMAT == COLI_FMT_Q8 ? 4 : 5; /* int4: and a row of zeros */
+    static constexpr size_t x_bytes = (size_t)NW * digit_rows * digit_words * 4;
     static constexpr size_t part_bytes = (size_t)NW * rows * 4;
     static constexpr size_t shared = w_bytes + s_bytes + x_bytes + part_bytes;
     static_assert(RR >= 0 && RR <= RT && vpl % 8 == 0, "whole tiles; lanes cut whole runs of 8 columns");
@@ -108,6 +111,21 @@ template <int FORMAT> __host__ __device__ inline int dmma_word(int run) {
     else return run / 16 * 32 + run % 4 * 8 + run % 16 / 4 * 2; /* chunk, lane slot t, group: even, then odd */
 }
 
+/* The patch: a row of words for each digit, at dmma_word (int4: then a row of
+ * zeros there). Lane slot g gives B's column g, and the patch word of its first B
+ * word of mma tile m of chunk 0 is: int8, digit g % 4's (lanes g >= 4 give zeros
+ * for the unused columns 4-7); int4, whose tiles m and m + 2 add into one C (a
+ * group's sums in each half of its columns), digit g's for tiles 0 and 1 and digit
+ * g - 4's for tiles 2 and 3, the zeros where a lane's column is the other half's. */
+template <int FORMAT> __host__ __device__ inline int dmma_b_at(int g, int t, int m, int digit_words) {
+    const int row = FORMAT == COLI_FMT_Q8 ? g % 4 : (g < 4) == (m < 2) ? g % 4 : 4;
+    return row * digit_words + (FORMAT == COLI_FMT_Q8 ? 4 : 8) * t + 2 * m;
+}
+
+/* int4: the group of chunk whose sums lane slot t holds after the pair of mma
+ * tiles p and p + 2 (its half of C's columns). */
+__host__ __device__ inline int dmma_pair_group(int p, int t) { return p + 2 * (t / 2); }
+
 /* A of mma tile m of a chunk from a lane's 16 bytes of rows g (a0) and g + 8 (a1):
  * int8, words 2m and 2m + 1 (columns 16t + 8m ..); int4, word m, group m's word
  * t in the mma layout, as 16 n of its even and its odd columns. */
@@ -121,10 +139,11 @@ __host__ __device__ inline void dmma_a(const int4 &a0, const int4 &a1, int m, ui
     }
 }
 
-/* A lane's two digit sums of a row put together: lane slot t = 0 holds digits 0
- * and 1, t = 1 digits 2 and 3, t = 2 and 3 the mma's unused columns. */
+/* A lane's two digit sums of a row put together: lane slot t = 0 (and 2) holds
+ * digits 0 and 1, t = 1 (and 3) digits 2 and 3; int8's t = 2 and 3 hold the
+ * zeros of the mma's unused columns. */
 __host__ __device__ inline float dmma_digits(float lo, float hi, int t) {
-    const float w0 = t == 0 ? 1.0f : t == 1 ? 65536.0f : 0.0f, w1 = t == 0 ? 256.0f : t == 1 ? 16777216.0f : 0.0f;
+    const float w0 = t % 2 ? 65536.0f : 1.0f, w1 = t % 2 ? 16777216.0f : 256.0f;
     return fmaf(hi, w1, lo * w0);
 }
 
@@ -183,7 +202,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
 #pragma unroll
     for (int j = 0; j < shape::vpl; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
     const dmma_power e = dmma_power_of(coli_warp_max(top));
-    uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * 4 * shape::digit_words;
+    uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * shape::digit_rows * shape::digit_words;
 #pragma unroll
     for (int r = 0; r < shape::vpl / 8; r++) {
         uint32_t words[4][2];
@@ -191,14 +210,16 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
         const int at = dmma_word<FORMAT>(lane * (shape::vpl / 8) + r);
 #pragma unroll
         for (int d = 0; d < 4; d++) *(uint2 *)(patch + d * shape::digit_words + at) = make_uint2(words[d][0], words[d][1]);
+        if constexpr (FORMAT == COLI_FMT_Q4) *(uint2 *)(patch + 4 * shape::digit_words + at) = make_uint2(0u, 0u);
     }
     if constexpr (FORMAT == COLI_FMT_Q4) coli_copy_wait<1>(); /* this lane's scales (W's copies may still run) */
     __syncwarp(); /* the warp's digits (and scales) are in */
 
-    /* int8: int32 sums over the slice; int4: each group's, times its scale, in floats */
+    /* int8: int32 sums over the slice; int4: each pair of groups', times their scales, in floats */
     int acc[RT][4] = {};
     float accf[RT][4] = {};
-    const uint32_t *mine = patch + (g & 3) * shape::digit_words + (FORMAT == COLI_FMT_Q8 ? 4 : 8) * t;
+    const uint32_t *b_lo = patch + dmma_b_at<FORMAT>(g, t, 0, shape::digit_words); /* B of tiles 0 and 1 */
+    const uint32_t *b_hi = patch + dmma_b_at<FORMAT>(g, t, 2, shape::digit_words); /* int4: of tiles 2 and 3 */
 #pragma unroll
     for (int i = 0; i < RT; i++) {
         if (i == RR) coli_copy_wait<0>(); /* this lane's copies are in */
@@ -211,29 +232,35 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 const uint8_t *slot = dmma_shared + (((i - RR) * NW + warp) * CH + c) * 2 * 512 + lane * 16;
                 a0 = *(const int4 *)slot, a1 = *(const int4 *)(slot + 512);
             }
-            /* this lane's digit words of the chunk (digit g; none past digit 3) */
+            /* this lane's B words of the chunk's tiles */
+            constexpr int chunk_words = 8 * mma_fmt<FORMAT>::steps;
             uint32_t bw[mma_fmt<FORMAT>::steps * 2];
+            *(uint4 *)bw = *(const uint4 *)(b_lo + chunk_words * c);
+            if constexpr (FORMAT == COLI_FMT_Q4) *(uint4 *)(bw + 4) = *(const uint4 *)(b_hi + chunk_words * c);
+            if constexpr (FORMAT == COLI_FMT_Q8) {
 #pragma unroll
-            for (int k = 0; k < mma_fmt<FORMAT>::steps * 2; k += 4)
-                *(uint4 *)(bw + k) = *(const uint4 *)(mine + 8 * mma_fmt<FORMAT>::steps * c + k);
+                for (int k = 0; k < 4; k++) bw[k] = g < 4 ? bw[k] : 0u; /* columns 4-7 unused */
 #pragma unroll
-            for (int k = 0; k < mma_fmt<FORMAT>::steps * 2; k++) bw[k] = g < 4 ? bw[k] : 0u;
-            float4 s0 = {}, s8 = {}; /* int4: the scales of rows g and g + 8 for the chunk's 4 groups */
-            if constexpr (FORMAT == COLI_FMT_Q4) {
-                const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c;
-                s0 = *(const float4 *)srow, s8 = *(const float4 *)(srow + 8 * 4 * CH);
-            }
-#pragma unroll
-            for (int m = 0; m < mma_fmt<FORMAT>::steps; m++) {
-                uint32_t a[4];
-                dmma_a<FORMAT>(a0, a1, m, a);
-                const uint32_t b[2] = {bw[2 * m], bw[2 * m + 1]};
-                if constexpr (FORMAT == COLI_FMT_Q8) {
+                for (int m = 0; m < 2; m++) {
+                    uint32_t a[4];
+                    dmma_a<FORMAT>(a0, a1, m, a);
+                    const uint32_t b[2] = {bw[2 * m], bw[2 * m + 1]};
                     coli_mma_s8(acc[i], a, b);
-                } else { /* group m: its sums from 1.5 2^23 (|sum| <= 32 * 128 * 128 = 2^19), times its scale */
+                }
+            } else { /* lane slot t's half of C is group p + 2 (t / 2) of the pair; its scales, rows g and g + 8: */
+                const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c + dmma_pair_group(0, t); /* group p at + p */
+                const float2 s0 = *(const float2 *)srow, s8 = *(const float2 *)(srow + 8 * 4 * CH);
+#pragma unroll
+                for (int p = 0; p < 2; p++) { /* groups p and p + 2: sums from 1.5 2^23 (|sum| <= 32 * 128 * 128 = 2^19) */
                     int d[4] = {FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS};
-                    coli_mma_s8(d, a, b);
-                    const float sg = elem(s0, m), sg8 = elem(s8, m);
+#pragma unroll
+                    for (int m = p; m < 4; m += 2) {
+                        uint32_t a[4];
+                        dmma_a<FORMAT>(a0, a1, m, a);
+                        const uint32_t b[2] = {bw[2 * m], bw[2 * m + 1]};
+                        coli_mma_s8(d, a, b);
+                    }
+                    const float sg = p ? s0.y : s0.x, sg8 = p ? s8.y : s8.x;
 #pragma unroll
                     for (int k = 0; k < 4; k++) accf[i][k] = fmaf(float_sum(d[k]), k < 2 ? sg : sg8, accf[i][k]);
                 }
@@ -249,6 +276,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
         for (int k = 0; k < 4; k++) f[k] = FORMAT == COLI_FMT_Q8 ? (float)acc[i][k] : accf[i][k];
         float p0 = dmma_digits(f[0], f[1], t), p8 = dmma_digits(f[2], f[3], t);
         p0 += COLI_SHFL_XOR(p0, 1), p8 += COLI_SHFL_XOR(p8, 1);
+        if constexpr (FORMAT == COLI_FMT_Q4) p0 += COLI_SHFL_XOR(p0, 2), p8 += COLI_SHFL_XOR(p8, 2); /* both groups */
         if (t == 0)
             part[warp * shape::rows + 16 * i + g] = e.back(p0), part[warp * shape::rows + 16 * i + g + 8] = e.back(p8);
     }
@@ -282,57 +310,60 @@ static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, 
                  shape::shared, stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
 }
 
-/* int8: tiles of 16 rows a block (T) and of them in registers (R), by rows: the
- * blocks about half the SMs (T = rows / 8 SMs, 2 to 4), so that the next call's
- * blocks start at once on the other half, and half of a block's W in registers
- * (all of it where the blocks are a quarter of the SMs or fewer). */
-template <int FORMAT, int NW, int CH>
+/* Tiles of 16 rows a block (T) and of them in registers (R), by rows: the blocks
+ * about half the SMs (T = rows / 8 SMs, 2 to TMAX), so that the next call's blocks
+ * start at once on the other half. int8: half of a block's W in registers (all of
+ * it where the blocks are a quarter of the SMs or fewer); int4: one tile up to T
+ * = 4, then half (bench/RESULTS.md, seventeenth and eighteenth passes). */
+template <int FORMAT, int NW, int CH, int TMAX>
 static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), 4);
-    if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
+    constexpr bool q8 = FORMAT == COLI_FMT_Q8;
+    const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), TMAX);
+    if (t == 2 && q8 && (w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
     else if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1>(w, dx, dy, stream);
     else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1>(w, dx, dy, stream);
-    else launch_decode_mma<FORMAT, NW, CH, 4, 2, 1>(w, dx, dy, stream);
+    else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 ? 2 : 1, 1>(w, dx, dy, stream);
+    else if constexpr (TMAX >= 6) {
+        if (t == 5) launch_decode_mma<FORMAT, NW, CH, 5, 2, 1>(w, dx, dy, stream);
+        else launch_decode_mma<FORMAT, NW, CH, 6, 3, 1>(w, dx, dy, stream);
+    }
 }
 
 /* S = 1 through decode_mma_kernel where it beats the other kernels (bench/RESULTS.md,
- * seventeenth pass; blocks of one tile a warp's slice wide):
+ * seventeenth and eighteenth passes; blocks of one tile a warp's slice wide):
  *   int8  2048 columns up to 24 rows an SM, 3072 and 4096 up to 48 (tiles by
  *         launch_decode_mma_tiles; 4096 x 4096: 5.6 -> 4.5 us); 8192 up to 8
  *         rows an SM two tiles a block (one in registers), else blocks of one
  *         while they leave a quarter of the SMs free.
- *   int4  3072 and 4096 columns below the 4096 rows decode_bulk_kernel takes:
- *         two tiles a block while the blocks are at most half the SMs, else
- *         three; 8192 columns one tile, while the blocks leave a quarter free.
+ *   int4  3072 columns up to 32 rows an SM, 4096 up to 48 (tiles again; 4096 x
+ *         4096: 3.8 -> 3.4 us); 8192 blocks of one tile while they leave a
+ *         quarter of the SMs free, else two up to 16 rows an SM.
  * Returns whether it launched. */
 template <int FORMAT> static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     if (!decode_mma_laid(w)) return false;
     const int64_t sms = sm_count(), per_sm = (w->rows + sms - 1) / sms;
     const bool quarter_free = (w->rows + 15) / 16 * 4 <= 3 * sms; /* blocks of 16 rows */
-    if constexpr (FORMAT == COLI_FMT_Q8) {
-        switch (w->cols) {
-        case 2048: if (per_sm > 24) return false; launch_decode_mma_tiles<FORMAT, 8, 4>(w, dx, dy, stream); return true;
-        case 3072: if (per_sm > 48) return false; launch_decode_mma_tiles<FORMAT, 12, 4>(w, dx, dy, stream); return true;
-        case 4096: if (per_sm > 48) return false; launch_decode_mma_tiles<FORMAT, 16, 4>(w, dx, dy, stream); return true;
-        case 8192:
+    constexpr bool q8 = FORMAT == COLI_FMT_Q8;
+    switch (w->cols) {
+    case 2048:
+        if (!q8 || per_sm > 24) return false;
+        return launch_decode_mma_tiles<FORMAT, 8, 4, 4>(w, dx, dy, stream), true;
+    case 3072:
+        if (per_sm > (q8 ? 48 : 32)) return false;
+        return launch_decode_mma_tiles<FORMAT, 12, q8 ? 4 : 2, 4>(w, dx, dy, stream), true;
+    case 4096:
+        if (per_sm > 48) return false;
+        return launch_decode_mma_tiles<FORMAT, 16, q8 ? 4 : 2, q8 ? 4 : 6>(w, dx, dy, stream), true;
+    case 8192:
+        if constexpr (q8) {
             if (per_sm <= 8) return launch_decode_mma<FORMAT, 16, 8, 2, 1, 1>(w, dx, dy, stream), true;
             if (quarter_free) return launch_decode_mma<FORMAT, 16, 8, 1, 0, 1>(w, dx, dy, stream), true;
-            return false;
-        default: return false;
+        } else {
+            if (quarter_free) return launch_decode_mma<FORMAT, 16, 4, 1, 0, 1>(w, dx, dy, stream), true;
+            if (per_sm <= 16) return launch_decode_mma<FORMAT, 16, 4, 2, 1, 1>(w, dx, dy, stream), true;
         }
-    } else {
-        if (w->rows >= 4096 && w->cols <= 4096) return false; /* decode_bulk_kernel's */
-        const bool half = (w->rows + 31) / 32 * 2 <= sms; /* blocks of two tiles */
-        switch (w->cols) {
-        case 3072:
-            if (half) return launch_decode_mma<FORMAT, 12, 2, 2, 0, 1>(w, dx, dy, stream), true;
-            return launch_decode_mma<FORMAT, 12, 2, 3, 0, 1>(w, dx, dy, stream), true;
-        case 4096:
-            if (half) return launch_decode_mma<FORMAT, 16, 2, 2, 0, 1>(w, dx, dy, stream), true;
-            return launch_decode_mma<FORMAT, 16, 2, 3, 0, 1>(w, dx, dy, stream), true;
-        case 8192: if (quarter_free) return launch_decode_mma<FORMAT, 16, 4, 1, 0, 1>(w, dx, dy, stream), true; return false;
-        default: return false;
-        }
+        return false;
+    default: return false;
     }
 }
 #endif

@@ -370,11 +370,12 @@ static void check_gemm_pieces() {
 }
 
 /* One warp's slice of 16 rows as decode_mma_kernel forms it: x cut with the
- * slice's power of two into the digits' patch (dmma_run_words at dmma_word), each
- * lane's A from its 16 bytes of rows g and g + 8 of a chunk (dmma_a) and B from
- * its digit's words there, the tiles' sums (int4: a group's from 1.5 2^23, times
- * its scale) put together as the kernel does: the dot product, within what x's
- * rounding (2^-31 of the slice's largest |x|) and float sums allow. */
+ * slice's power of two into the digits' patch (dmma_run_words at dmma_word, and
+ * the row of zeros), each lane's A from its 16 bytes of rows g and g + 8 of a
+ * chunk (dmma_a) and B from the patch (dmma_b_at), the tiles' sums (int4: a pair
+ * of groups' from 1.5 2^23, each half times its group's scale) put together as
+ * the kernel does: the dot product, within what x's rounding (2^-31 of the
+ * slice's largest |x|) and float sums allow. */
 template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f) {
     constexpr int CC = mma_fmt<FORMAT>::cols, STEPS = mma_fmt<FORMAT>::steps, WORDS = 2 * STEPS;
     const int rows = 16, cols = chunks * CC, row_bytes = chunks * 64, digit_words = chunks * 4 * WORDS;
@@ -389,34 +390,43 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
     uint32_t top = 0;
     for (float v : x) top = std::max(top, as_bits(v) & 0x7FFFFFFFu);
     const dmma_power e = dmma_power_of(top);
-    std::vector<uint32_t> patch((size_t)4 * digit_words);
+    std::vector<uint32_t> patch((size_t)5 * digit_words, 0xDEADBEEFu); /* what the kernel leaves unwritten (int8: row 4) */
     for (int run = 0; run < cols / 8; run++) {
         uint32_t words[4][2];
         dmma_run_words<FORMAT>(&x[(size_t)run * 8], e, words);
-        for (int d = 0; d < 4; d++)
-            for (int h = 0; h < 2; h++) patch[(size_t)d * digit_words + dmma_word<FORMAT>(run) + h] = words[d][h];
+        for (int h = 0; h < 2; h++) {
+            for (int d = 0; d < 4; d++) patch[(size_t)d * digit_words + dmma_word<FORMAT>(run) + h] = words[d][h];
+            if (FORMAT == COLI_FMT_Q4) patch[(size_t)4 * digit_words + dmma_word<FORMAT>(run) + h] = 0u;
+        }
     }
+    /* the kernel's order: int8 tile by tile into one C; int4 tiles p and p + 2
+     * into a C from 1.5 2^23, lane slot t's half of it group p + 2 (t / 2) */
     int acc[32][4] = {};
     float accf[32][4] = {};
     for (int c = 0; c < chunks; c++)
-        for (int m = 0; m < STEPS; m++) {
-            uint32_t a[32][4], b[32][2];
-            for (int lane = 0; lane < 32; lane++) {
-                const int g = lane / 4, t = lane % 4;
-                int4 a0, a1;
-                memcpy(&a0, &stored[(size_t)g * row_bytes + 64 * c + 16 * t], 16);
-                memcpy(&a1, &stored[(size_t)(g + 8) * row_bytes + 64 * c + 16 * t], 16);
-                dmma_a<FORMAT>(a0, a1, m, a[lane]);
-                for (int h = 0; h < 2; h++)
-                    b[lane][h] = g < 4 ? patch[(size_t)g * digit_words + c * 4 * WORDS + WORDS * t + 2 * m + h] : 0u;
+        for (int p = 0; p < (FORMAT == COLI_FMT_Q8 ? STEPS : 2); p++) {
+            int d[32][4] = {};
+            for (int m = p; m < STEPS; m += FORMAT == COLI_FMT_Q8 ? STEPS : 2) {
+                uint32_t a[32][4], b[32][2];
+                for (int lane = 0; lane < 32; lane++) {
+                    const int g = lane / 4, t = lane % 4;
+                    int4 a0, a1;
+                    memcpy(&a0, &stored[(size_t)g * row_bytes + 64 * c + 16 * t], 16);
+                    memcpy(&a1, &stored[(size_t)(g + 8) * row_bytes + 64 * c + 16 * t], 16);
+                    dmma_a<FORMAT>(a0, a1, m, a[lane]);
+                    for (int h = 0; h < 2; h++)
+                        b[lane][h] = FORMAT == COLI_FMT_Q8 && g >= 4 ? 0u : patch[(size_t)dmma_b_at<FORMAT>(g, t, m, digit_words) + c * 4 * WORDS + h];
+                }
+                int dm[32][4];
+                reference_mma(a, b, dm);
+                for (int lane = 0; lane < 32; lane++)
+                    for (int k = 0; k < 4; k++) d[lane][k] += dm[lane][k];
             }
-            int d[32][4];
-            reference_mma(a, b, d);
             for (int lane = 0; lane < 32; lane++)
                 for (int k = 0; k < 4; k++) {
-                    const int row = lane / 4 + 8 * (k / 2);
+                    const int row = lane / 4 + 8 * (k / 2), group = c * 4 + dmma_pair_group(p, lane % 4);
                     if (FORMAT == COLI_FMT_Q8) acc[lane][k] += d[lane][k];
-                    else accf[lane][k] = fmaf(float_sum(FLOAT_SUM_BITS + d[lane][k]), scale[(size_t)row * cols / 32 + c * 4 + m],
+                    else accf[lane][k] = fmaf(float_sum(FLOAT_SUM_BITS + d[lane][k]), scale[(size_t)row * cols / 32 + group],
                                               accf[lane][k]);
                 }
         }
@@ -429,7 +439,8 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
         }
     for (int r = 0; r < rows; r++) {
         const int lane = 4 * (r % 8), h = r / 8;
-        const double got = (double)e.back(p[lane][h] + p[lane + 1][h]) * (FORMAT == COLI_FMT_Q8 ? 1.0 : 0.0625);
+        const float sum = p[lane][h] + p[lane + 1][h] + (p[lane + 2][h] + p[lane + 3][h]); /* the kernel's two exchanges */
+        const double got = (double)e.back(sum) * (FORMAT == COLI_FMT_Q8 ? 1.0 : 0.0625);
         double want = 0.0, size = 0.0, wsum = 0.0;
         for (int k = 0; k < cols; k++) {
             const double w = (double)stored_value<FORMAT>(abi.data(), r, cols, 0, k) *
