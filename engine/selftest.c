@@ -25,13 +25,14 @@
  * (gpu_decode_mma.cuh, sm_90) at every row width and block shape the launch
  * picks, the blocks' last tiles short (int8 2, 3 and 4 tiles a block, 1 or 2 of
  * them in registers: 1000 x 4096, 600 x 2048, 2000 x 4096, 3000 x 3072, 4000 x
- * 4096; 8192 columns: 20 and 1200 rows; int4 2 and 3 tiles: 1000 x 4096, 4000 x
- * 4096, 3000 x 3072, and 1 at 8192 columns); int8/int4 past 16 tokens in
- * gemm_kernel's blocks (gpu_gemm.cuh) of each size the launch picks (8500 x 256:
- * int8 128 x 32 and int4 128 x 64, once the blocks fill an H200's 132
- * multiprocessors), cut by the row and token ends, with 1 chunk (fewer than the
- * stages in flight) and an odd number of them; and the simple kernel, for rows
- * that are not whole chunks or pieces. */
+ * 4096; 8192 columns: 20 and 1200 rows; int4 2 to 6 tiles, 1 of them in
+ * registers up to 4, then 2 and 3: 1000 x 4096, 3000 x 3072, 4000 x 3072 and x
+ * 4096, 5000 and 6000 x 4096, and 1 or 2 at 8192 columns: 1200 and 2000 rows);
+ * int8/int4 past 16 tokens in gemm_kernel's blocks (gpu_gemm.cuh) of each size
+ * the launch picks (8500 x 256: int8 128 x 32 and int4 128 x 64, once the blocks
+ * fill an H200's 132 multiprocessors), cut by the row and token ends, with 1
+ * chunk (fewer than the stages in flight) and an odd number of them; and the
+ * simple kernel, for rows that are not whole chunks or pieces. */
 typedef struct shape { int64_t rows, cols, s; int32_t group; } shape;
 static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 1, 32}, {8200, 64, 1, 32},
                                {96, 256, 7, 32},  {33, 160, 4, 32},  {48, 128, 13, 32}, {130, 512, 33, 64},
@@ -40,7 +41,8 @@ static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 
                                {4100, 2048, 1, 32}, {8200, 2048, 1, 32}, {6150, 2048, 1, 32},
                                {12300, 2048, 1, 32}, {8500, 256, 40, 32}, {200, 384, 100, 32}, {100, 128, 24, 32},
                                {1000, 4096, 1, 32}, {4000, 4096, 1, 32}, {2000, 4096, 1, 32}, {3000, 3072, 1, 32},
-                               {600, 2048, 1, 32}, {1200, 8192, 1, 32}};
+                               {600, 2048, 1, 32}, {1200, 8192, 1, 32}, {5000, 4096, 1, 32}, {6000, 4096, 1, 32},
+                               {4000, 3072, 1, 32}, {2000, 8192, 1, 32}};
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
