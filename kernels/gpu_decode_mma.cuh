@@ -113,12 +113,12 @@ template <int FORMAT> __host__ __device__ inline int dmma_word(int run) {
 
 /* The patch: a row of words for each digit, at dmma_word (int4: then a row of
  * zeros there). Lane slot g gives B's column g, and the patch word of its first B
- * word of mma tile m of chunk 0 is: int8, digit g % 4's (lanes g >= 4 give zeros
+ * word of mma tile m of chunk 0 is: int8, digit g & 3's (lanes g >= 4 give zeros
  * for the unused columns 4-7); int4, whose tiles m and m + 2 add into one C (a
  * group's sums in each half of its columns), digit g's for tiles 0 and 1 and digit
  * g - 4's for tiles 2 and 3, the zeros where a lane's column is the other half's. */
 template <int FORMAT> __host__ __device__ inline int dmma_b_at(int g, int t, int m, int digit_words) {
-    const int row = FORMAT == COLI_FMT_Q8 ? g % 4 : (g < 4) == (m < 2) ? g % 4 : 4;
+    const int row = FORMAT == COLI_FMT_Q8 ? g & 3 : (g < 4) == (m < 2) ? g & 3 : 4;
     return row * digit_words + (FORMAT == COLI_FMT_Q8 ? 4 : 8) * t + 2 * m;
 }
 
