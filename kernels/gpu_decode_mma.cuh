@@ -139,13 +139,16 @@ __host__ __device__ inline void dmma_a(const int4 &a0, const int4 &a1, int m, ui
     }
 }
 
-/* A lane's two digit sums of a row put together: lane slot t = 0 (and 2) holds
- * digits 0 and 1, t = 1 (and 3) digits 2 and 3; int8's t = 2 and 3 hold the
- * zeros of the mma's unused columns. */
-__host__ __device__ inline float dmma_digits(float lo, float hi, int t) {
-    const float w0 = t % 2 ? 65536.0f : 1.0f, w1 = t % 2 ? 16777216.0f : 256.0f;
+/* A lane's two digit sums of a row put together: slot 0 holds digits 0 and 1,
+ * slot 1 digits 2 and 3, slots 2 and 3 the mma's unused columns (int8). A lane's
+ * slot is t, or for int4, whose columns 4-7 hold a second group's digits, t & 1
+ * (dmma_slot). */
+__host__ __device__ inline float dmma_digits(float lo, float hi, int slot) {
+    const float w0 = slot == 0 ? 1.0f : slot == 1 ? 65536.0f : 0.0f;
+    const float w1 = slot == 0 ? 256.0f : slot == 1 ? 16777216.0f : 0.0f;
     return fmaf(hi, w1, lo * w0);
 }
+template <int FORMAT> __host__ __device__ inline int dmma_slot(int t) { return FORMAT == COLI_FMT_Q8 ? t : t & 1; }
 
 template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
 __global__ void __launch_bounds__(NW * WARP, MINB)
@@ -274,7 +277,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
         float f[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) f[k] = FORMAT == COLI_FMT_Q8 ? (float)acc[i][k] : accf[i][k];
-        float p0 = dmma_digits(f[0], f[1], t), p8 = dmma_digits(f[2], f[3], t);
+        float p0 = dmma_digits(f[0], f[1], dmma_slot<FORMAT>(t)), p8 = dmma_digits(f[2], f[3], dmma_slot<FORMAT>(t));
         p0 += COLI_SHFL_XOR(p0, 1), p8 += COLI_SHFL_XOR(p8, 1);
         if constexpr (FORMAT == COLI_FMT_Q4) p0 += COLI_SHFL_XOR(p0, 2), p8 += COLI_SHFL_XOR(p8, 2); /* both groups */
         if (t == 0)

@@ -435,7 +435,7 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
         for (int h = 0; h < 2; h++) {
             const float lo = FORMAT == COLI_FMT_Q8 ? (float)acc[lane][2 * h] : accf[lane][2 * h];
             const float hi = FORMAT == COLI_FMT_Q8 ? (float)acc[lane][2 * h + 1] : accf[lane][2 * h + 1];
-            p[lane][h] = dmma_digits(lo, hi, lane % 4);
+            p[lane][h] = dmma_digits(lo, hi, dmma_slot<FORMAT>(lane % 4));
         }
     for (int r = 0; r < rows; r++) {
         const int lane = 4 * (r % 8), h = r / 8;
