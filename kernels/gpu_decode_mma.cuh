@@ -223,6 +223,14 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     float accf[RT][4] = {};
     const uint32_t *b_lo = patch + dmma_b_at<FORMAT>(g, t, 0, shape::digit_words); /* B of tiles 0 and 1 */
     const uint32_t *b_hi = patch + dmma_b_at<FORMAT>(g, t, 2, shape::digit_words); /* int4: of tiles 2 and 3 */
+    constexpr int chunk_words = 8 * mma_fmt<FORMAT>::steps;
+    /* int4: every chunk's B words once, as whole vectors (read again for each tile, nvcc's
+     * output for these kernels varied from run to run: bench/RESULTS.md, eighteenth pass) */
+    int4 bv[FORMAT == COLI_FMT_Q4 ? CH : 1][2];
+    if constexpr (FORMAT == COLI_FMT_Q4)
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+            bv[c][0] = *(const int4 *)(b_lo + chunk_words * c), bv[c][1] = *(const int4 *)(b_hi + chunk_words * c);
 #pragma unroll
     for (int i = 0; i < RT; i++) {
         if (i == RR) coli_copy_wait<0>(); /* this lane's copies are in */
@@ -235,12 +243,9 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 const uint8_t *slot = dmma_shared + (((i - RR) * NW + warp) * CH + c) * 2 * 512 + lane * 16;
                 a0 = *(const int4 *)slot, a1 = *(const int4 *)(slot + 512);
             }
-            /* this lane's B words of the chunk's tiles */
-            constexpr int chunk_words = 8 * mma_fmt<FORMAT>::steps;
-            uint32_t bw[mma_fmt<FORMAT>::steps * 2];
-            *(uint4 *)bw = *(const uint4 *)(b_lo + chunk_words * c);
-            if constexpr (FORMAT == COLI_FMT_Q4) *(uint4 *)(bw + 4) = *(const uint4 *)(b_hi + chunk_words * c);
-            if constexpr (FORMAT == COLI_FMT_Q8) {
+            if constexpr (FORMAT == COLI_FMT_Q8) { /* this lane's B words of the chunk's tiles */
+                uint32_t bw[4];
+                *(uint4 *)bw = *(const uint4 *)(b_lo + chunk_words * c);
 #pragma unroll
                 for (int k = 0; k < 4; k++) bw[k] = g < 4 ? bw[k] : 0u; /* columns 4-7 unused */
 #pragma unroll
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                     for (int m = p; m < 4; m += 2) {
                         uint32_t a[4];
                         dmma_a<FORMAT>(a0, a1, m, a);
-                        const uint32_t b[2] = {bw[2 * m], bw[2 * m + 1]};
+                        const uint32_t b[2] = {word_of(bv[c][m / 2], 2 * (m % 2)), word_of(bv[c][m / 2], 2 * (m % 2) + 1)};
                         coli_mma_s8(d, a, b);
                     }
                     const float sg = p ? s0.y : s0.x, sg8 = p ? s8.y : s8.x;
