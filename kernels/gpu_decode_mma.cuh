@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                     coli_mma_s8(acc[i], a, b);
                 }
             } else { /* lane slot t's half of C is group p + 2 (t / 2) of the pair; its scales, rows g and g + 8: */
-                const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c + dmma_pair_group(0, t); /* group p at + p */
+                /* group p's scale at + p */
+                const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c + dmma_pair_group(0, t);
                 const float2 s0 = *(const float2 *)srow, s8 = *(const float2 *)(srow + 8 * 4 * CH);
 #pragma unroll
                 for (int p = 0; p < 2; p++) { /* groups p and p + 2: sums from 1.5 2^23 (|sum| <= 32 * 128 * 128 = 2^19) */
@@ -327,8 +328,9 @@ template <int FORMAT, int NW, int CH, int TMAX>
 static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     constexpr bool q8 = FORMAT == COLI_FMT_Q8;
     const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), TMAX);
-    if (t == 2 && q8 && (w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
-    else if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1>(w, dx, dy, stream);
+    if constexpr (q8)
+        if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) return launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
+    if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1>(w, dx, dy, stream);
     else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1>(w, dx, dy, stream);
     else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 ? 2 : 1, 1>(w, dx, dy, stream);
     else if constexpr (TMAX >= 6) {
@@ -354,8 +356,9 @@ template <int FORMAT> static bool launch_decode_mma_pick(const coli_weight *w, c
     constexpr bool q8 = FORMAT == COLI_FMT_Q8;
     switch (w->cols) {
     case 2048:
-        if (!q8 || per_sm > 24) return false;
-        return launch_decode_mma_tiles<FORMAT, 8, 4, 4>(w, dx, dy, stream), true;
+        if constexpr (q8)
+            if (per_sm <= 24) return launch_decode_mma_tiles<FORMAT, 8, 4, 4>(w, dx, dy, stream), true;
+        return false;
     case 3072:
         if (per_sm > (q8 ? 48 : 32)) return false;
         return launch_decode_mma_tiles<FORMAT, 12, q8 ? 4 : 2, 4>(w, dx, dy, stream), true;
