@@ -160,6 +160,11 @@ __host__ __device__ inline int coli_dp4a(int a, int b, int c) {
 #endif
 }
 #define COLI_DP4A(a, b, c) coli_dp4a((a), (b), (c))
+/* The same with a's bytes unsigned, written out (only mma's stand-in takes it). */
+__host__ __device__ inline int coli_dp4a_us(uint32_t a, int b, int c) {
+    for (int k = 0; k < 32; k += 8) c += (int)(uint8_t)(a >> k) * (int)(signed char)(b >> k);
+    return c;
+}
 
 /* d += A B for one 16 x 8 x 32 tile of int8, int32 sums, in the tensor cores'
  * fragment layout (g = lane / 4, t = lane % 4; PTX ISA, mma.m16n8k32):
@@ -168,24 +173,39 @@ __host__ __device__ inline int coli_dp4a(int a, int b, int c) {
  *   d[0], d[1] = D[g][2t], D[g][2t+1]           d[2], d[3] = D[g+8][2t], D[g+8][2t+1]
  * mma.sync on sm_80 and later; elsewhere (HIP for now) written out with lane
  * exchanges and dot products: the same sums, slowly. */
+template <bool UNSIGNED_A> __device__ inline void coli_mma_by_lanes(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+    const auto dot = [](uint32_t x, int y, int c) { return UNSIGNED_A ? coli_dp4a_us(x, y, c) : COLI_DP4A((int)x, y, c); };
+    for (int u = 0; u < 4; u++) { /* lane slot u of the row group and of each column's group */
+        const int ra = g * 4 + u;
+        const uint32_t a0 = COLI_SHFL(a[0], ra), a1 = COLI_SHFL(a[1], ra), a2 = COLI_SHFL(a[2], ra), a3 = COLI_SHFL(a[3], ra);
+        for (int j = 0; j < 2; j++) {
+            const int rb = (2 * t + j) * 4 + u;
+            const int b0 = (int)COLI_SHFL(b[0], rb), b1 = (int)COLI_SHFL(b[1], rb);
+            d[j] = dot(a0, b0, dot(a2, b1, d[j]));
+            d[2 + j] = dot(a1, b0, dot(a3, b1, d[2 + j]));
+        }
+    }
+}
 __device__ inline void coli_mma_s8(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    for (int u = 0; u < 4; u++) { /* lane slot u of the row group and of each column's group */
-        const int ra = g * 4 + u;
-        const int a0 = (int)COLI_SHFL(a[0], ra), a1 = (int)COLI_SHFL(a[1], ra);
-        const int a2 = (int)COLI_SHFL(a[2], ra), a3 = (int)COLI_SHFL(a[3], ra);
-        for (int j = 0; j < 2; j++) {
-            const int rb = (2 * t + j) * 4 + u;
-            const int b0 = (int)COLI_SHFL(b[0], rb), b1 = (int)COLI_SHFL(b[1], rb);
-            d[j] = COLI_DP4A(a0, b0, COLI_DP4A(a2, b1, d[j]));
-            d[2 + j] = COLI_DP4A(a1, b0, COLI_DP4A(a3, b1, d[2 + j]));
-        }
-    }
+    coli_mma_by_lanes<false>(d, a, b);
+#endif
+}
+/* d = A B + c with A's bytes unsigned (u8 x s8): c apart from d, so that a start
+ * kept in registers is not copied for every tile. */
+__device__ inline void coli_mma_u8s8(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const int (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+#else
+    for (int k = 0; k < 4; k++) d[k] = c[k];
+    coli_mma_by_lanes<true>(d, a, b);
 #endif
 }
 

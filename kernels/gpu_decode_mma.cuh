@@ -11,18 +11,23 @@
  *     2^30, cut into four int8 digits that are an mma's columns 0-3. int8's sums
  *     stay exact in int32 over the slice (|sum| <= 512 * 128 * 128 = 2^23) and
  *     become floats once, at the end: an mma a 512 weights and nothing else.
- *     int4's (each value n + 8 made 16 n, as mma_kernel does) are a group's of
- *     32 each: two groups share a C, their digits in B's columns 0-3 and 4-7
- *     (dmma_b_at), started at the bits of 1.5 2^23, and become floats, times
- *     each group's scale, after the pair: 4 float instructions an mma, not 8
- *     (bench/RESULTS.md, eighteenth pass). Rounding x costs 2^-31 of the slice's
- *     largest |x|, beside a float32 sum's 2^-24 of its largest term.
+ *     int4's are a group's of 32 each: two groups share a C, their digits in
+ *     B's columns 0-3 and 4-7 (dmma_b_at), and become floats, times each
+ *     group's scale, after the pair: 4 float instructions an mma (eighteenth
+ *     pass). The nibbles are not unpacked: A of the pair's first mma is the raw
+ *     bytes as unsigned int8 (16 o' + e' of a byte's odd and even value, each
+ *     n + 8), of its second their high nibbles (one instruction a word, not
+ *     three), against B's digits of 16 e and o - 16 e (dmma_run_words), with v
+ *     below 2^26 so that those are four digits too; the sums start at the bits
+ *     of 1.5 2^23 less the offsets' share, itself two mma of B (nineteenth
+ *     pass). Rounding x costs 2^-31 (int4 2^-27) of the slice's largest |x|,
+ *     beside a float32 sum's 2^-24 of its largest term.
  *   - Each warp cuts its own slice of x (8 or 16 values a lane, the slice's
  *     largest |x| by one warp reduction) and swaps the digits through its own
  *     patch of shared memory: no barrier of the block before the sums.
  *   - W: a tile is 16 rows; lane (g, t) holds 16 bytes of rows g and g + 8 at
- *     byte 16t of each chunk, which are A of two int8 mma tiles (int4: of four, a
- *     group each, as the mma layout lies) for a k order that the digits follow.
+ *     byte 16t of each chunk, which are A of two int8 mma tiles (int4: of two
+ *     pairs of groups, as the mma layout lies) for a k order that the digits follow.
  *     The first RR tiles of a block are loaded into registers, the rest (and
  *     int4's scales) copied into shared memory, each lane the bytes it reads
  *     itself (scales: then the warp meets), all before the wait.
@@ -36,7 +41,8 @@
 #define COLI_GPU_DECODE_MMA_CUH
 
 #if COLI_HAS_PDL
-#define DMMA_BITS 30 /* |v| < 2^30: four digits, the top one in [-64, 64] */
+#define DMMA_BITS 30    /* int8: |v| < 2^30, four digits, the top one in [-64, 64] */
+#define DMMA_Q4_BITS 26 /* int4: |v| < 2^26, so that 16 v and v - 16 v' (dmma_run_words) are four digits too */
 #define DMMA_SHARED_MAX (227 * 1024) /* a block's shared memory on sm_90 */
 
 /* A chunk is 64 bytes of a row: 64 int8 columns or 128 int4 ones (4 groups). */
@@ -66,14 +72,17 @@ struct dmma_power {
     float pre, step, up, drop;
     __host__ __device__ float back(float p) const { return p * up * drop; }
 };
-__host__ __device__ inline dmma_power dmma_power_of(uint32_t top) {
+__host__ __device__ inline dmma_power dmma_power_of(uint32_t top, int bits) {
     int ex = (int)(top >> 23) - 126; /* the largest |x| < 2^ex */
     if (top < 0x00800000u) (void)frexpf(as_float(top), &ex); /* 0 or subnormal */
     const int lift = ex < -90 ? 64 : 0;
     dmma_power e;
-    e.pre = pow2(lift), e.step = pow2(DMMA_BITS - ex - lift);
-    e.up = top >= 0x7F800000u ? NAN : pow2(ex - DMMA_BITS + lift), e.drop = pow2(-lift);
+    e.pre = pow2(lift), e.step = pow2(bits - ex - lift);
+    e.up = top >= 0x7F800000u ? NAN : pow2(ex - bits + lift), e.drop = pow2(-lift);
     return e;
+}
+template <int FORMAT> __host__ __device__ inline dmma_power dmma_power_of(uint32_t top) {
+    return dmma_power_of(top, FORMAT == COLI_FMT_Q8 ? DMMA_BITS : DMMA_Q4_BITS);
 }
 
 __host__ __device__ inline int dmma_round(float v) {
@@ -84,14 +93,23 @@ __host__ __device__ inline int dmma_round(float v) {
 #endif
 }
 
-/* A run of 8 columns -> digit d's two words: int8, columns 0-3 and 4-7; int4, the
- * even and the odd columns (as the nibbles lie). v + 0x808080 holds digits 0-2
- * plus 128 as its bytes 0-2 and digit 3 as byte 3 (|v| < 2^30: no byte carries
- * into the next), so v = d0 + 2^8 d1 + 2^16 d2 + 2^24 d3 exactly. */
+/* A run of 8 columns -> digit d's two words: int8, columns 0-3 and 4-7; int4, of
+ * each byte's even and odd column (its low and high nibble) 16 e and o - 16 e,
+ * which A's raw bytes (16 o' + e') and high nibbles (16 o') turn into 16 (o o' +
+ * e e') in two mma (dmma_a). v + 0x808080 holds digits 0-2 plus 128 as its bytes
+ * 0-2 and digit 3 as byte 3 (|v| < 2^31 - 2^24: no byte carries into the next), so
+ * v = d0 + 2^8 d1 + 2^16 d2 + 2^24 d3 exactly. */
 template <int FORMAT>
 __host__ __device__ inline void dmma_run_words(const float *v, const dmma_power &e, uint32_t (&words)[4][2]) {
     uint32_t u[8];
-    for (int j = 0; j < 8; j++) u[j] = (uint32_t)dmma_round(v[j] * e.pre * e.step) + 0x00808080u;
+    if constexpr (FORMAT == COLI_FMT_Q8) {
+        for (int j = 0; j < 8; j++) u[j] = (uint32_t)dmma_round(v[j] * e.pre * e.step) + 0x00808080u;
+    } else {
+        for (int j = 0; j < 8; j += 2) {
+            const int ev = dmma_round(v[j] * e.pre * e.step), od = dmma_round(v[j + 1] * e.pre * e.step);
+            u[j] = (uint32_t)(16 * ev) + 0x00808080u, u[j + 1] = (uint32_t)(od - 16 * ev) + 0x00808080u;
+        }
+    }
     for (int d = 0; d < 4; d++) {
         const uint32_t flip = d < 3 ? 0x80808080u : 0u;
         if (FORMAT == COLI_FMT_Q8)
@@ -122,22 +140,34 @@ template <int FORMAT> __host__ __device__ inline int dmma_b_at(int g, int t, int
     return row * digit_words + (FORMAT == COLI_FMT_Q8 ? 4 : 8) * t + 2 * m;
 }
 
+/* int4: B of the pair p and p + 2 of groups, from a lane's words of tiles 0 and 1
+ * (bw[0]) and of 2 and 3 (bw[1]): the 16 e words (h = 0) or the o - 16 e ones (h =
+ * 1) of group p (its columns 0-3) and of group p + 2 (4-7). */
+__host__ __device__ inline void dmma_pair_b(const int4 (&bw)[2], int p, int h, uint32_t (&b)[2]) {
+    b[0] = word_of(bw[0], 2 * p + h), b[1] = word_of(bw[1], 2 * p + h);
+}
+
 /* int4: the group of chunk whose sums lane slot t holds after the pair of mma
  * tiles p and p + 2 (its half of C's columns). */
 __host__ __device__ inline int dmma_pair_group(int p, int t) { return p + 2 * (t / 2); }
 
 /* A of mma tile m of a chunk from a lane's 16 bytes of rows g (a0) and g + 8 (a1):
- * int8, words 2m and 2m + 1 (columns 16t + 8m ..); int4, word m, group m's word
- * t in the mma layout, as 16 n of its even and its odd columns. */
+ * int8, words 2m and 2m + 1 (columns 16t + 8m ..); int4, of the pair m and m + 2
+ * of groups, word m and m + 2 (group m's word t in the mma layout), the raw bytes
+ * as unsigned int8: 16 (n' + 8) + n + 8 of a byte's odd value n' and even n. Its
+ * high nibbles (dmma_high, 16 (n' + 8)) are A of the pair's second mma. */
 template <int FORMAT>
 __host__ __device__ inline void dmma_a(const int4 &a0, const int4 &a1, int m, uint32_t (&a)[4]) {
-    if constexpr (FORMAT == COLI_FMT_Q8) {
+    if constexpr (FORMAT == COLI_FMT_Q8)
         a[0] = word_of(a0, 2 * m), a[1] = word_of(a1, 2 * m), a[2] = word_of(a0, 2 * m + 1), a[3] = word_of(a1, 2 * m + 1);
-    } else {
-        q4_to_s8(word_of(a0, m), a[0], a[2]);
-        q4_to_s8(word_of(a1, m), a[1], a[3]);
-    }
+    else a[0] = word_of(a0, m), a[1] = word_of(a1, m), a[2] = word_of(a0, m + 2), a[3] = word_of(a1, m + 2);
 }
+__host__ __device__ inline void dmma_high(const uint32_t (&a)[4], uint32_t (&h)[4]) {
+    for (int k = 0; k < 4; k++) h[k] = a[k] & 0xF0F0F0F0u;
+}
+/* The nibbles' offsets, 8 in each: A of 136 (raw bytes) and 128 (high nibbles). */
+#define DMMA_RAW_OFFSET 0x88888888u
+#define DMMA_HIGH_OFFSET 0x80808080u
 
 /* A lane's two digit sums of a row put together: slot 0 holds digits 0 and 1,
  * slot 1 digits 2 and 3, slots 2 and 3 the mma's unused columns (int8). A lane's
@@ -176,7 +206,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     /* W: rows past the block's re-read its last one (their sums are dropped) */
     int4 wr[RR > 0 ? RR : 1][CH][2];
 #pragma unroll
-    for (int i = 0; i < RT; i++)
+    for (int i = 0; i < RT; i++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t r = row0 + 16 * i + g + 8 * h;
@@ -188,12 +218,13 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                                        src + 64 * c);
             }
         }
+    }
     coli_copy_commit();
     const int64_t my_row = row0 + (int64_t)threadIdx.x;
     const float row_scale = FORMAT == COLI_FMT_Q8 && my_row < row_end ? scale[my_row] : 0.0625f; /* int4: 16 n */
     coli_wait_prior_grid(); /* x is the last call's from here on */
 
-    /* x's slice: a lane's vpl values, the slice's largest |x| < 2^ex, v = x 2^(30 - ex) */
+    /* x's slice: a lane's vpl values, the slice's largest |x| < 2^ex, v = x 2^(30 - ex) (int4: 26) */
     const int k0 = warp * CH * shape::chunk_cols;
     float v[shape::vpl];
 #pragma unroll
@@ -204,7 +235,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     uint32_t top = 0;
 #pragma unroll
     for (int j = 0; j < shape::vpl; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
-    const dmma_power e = dmma_power_of(coli_warp_max(top));
+    const dmma_power e = dmma_power_of<FORMAT>(coli_warp_max(top));
     uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * shape::digit_rows * shape::digit_words;
 #pragma unroll
     for (int r = 0; r < shape::vpl / 8; r++) {
@@ -225,12 +256,29 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     const uint32_t *b_hi = patch + dmma_b_at<FORMAT>(g, t, 2, shape::digit_words); /* int4: of tiles 2 and 3 */
     constexpr int chunk_words = 8 * mma_fmt<FORMAT>::steps;
     /* int4: every chunk's B words once, as whole vectors (read again for each tile, nvcc's
-     * output for these kernels varied from run to run: bench/RESULTS.md, eighteenth pass) */
-    int4 bv[FORMAT == COLI_FMT_Q4 ? CH : 1][2];
-    if constexpr (FORMAT == COLI_FMT_Q4)
+     * output for these kernels varied from run to run: bench/RESULTS.md, eighteenth pass),
+     * each pair's B in registers side by side (else every tile moves them), and its sums'
+     * start: 1.5 2^23 less A's offsets times B */
+    uint32_t bq[FORMAT == COLI_FMT_Q4 ? CH : 1][2][2][2];
+    int start[FORMAT == COLI_FMT_Q4 ? CH : 1][2][4];
+    if constexpr (FORMAT == COLI_FMT_Q4) {
 #pragma unroll
-        for (int c = 0; c < CH; c++)
-            bv[c][0] = *(const int4 *)(b_lo + chunk_words * c), bv[c][1] = *(const int4 *)(b_hi + chunk_words * c);
+        for (int c = 0; c < CH; c++) {
+            const int4 bv[2] = {*(const int4 *)(b_lo + chunk_words * c), *(const int4 *)(b_hi + chunk_words * c)};
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const uint32_t raw[4] = {DMMA_RAW_OFFSET, DMMA_RAW_OFFSET, DMMA_RAW_OFFSET, DMMA_RAW_OFFSET};
+                const uint32_t high[4] = {DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET};
+                const int zero[4] = {0, 0, 0, 0};
+                int k[4];
+                dmma_pair_b(bv, p, 0, bq[c][p][0]), dmma_pair_b(bv, p, 1, bq[c][p][1]);
+                coli_mma_u8s8(k, raw, bq[c][p][0], zero);
+                coli_mma_u8s8(k, high, bq[c][p][1], k);
+#pragma unroll
+                for (int j = 0; j < 4; j++) start[c][p][j] = FLOAT_SUM_BITS - k[j]; /* rows g + 8: the same */
+            }
+        }
+    }
 #pragma unroll
     for (int i = 0; i < RT; i++) {
         if (i == RR) coli_copy_wait<0>(); /* this lane's copies are in */
@@ -260,15 +308,13 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c + dmma_pair_group(0, t);
                 const float2 s0 = *(const float2 *)srow, s8 = *(const float2 *)(srow + 8 * 4 * CH);
 #pragma unroll
-                for (int p = 0; p < 2; p++) { /* groups p and p + 2: sums from 1.5 2^23 (|sum| <= 32 * 128 * 128 = 2^19) */
-                    int d[4] = {FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS};
-#pragma unroll
-                    for (int m = p; m < 4; m += 2) {
-                        uint32_t a[4];
-                        dmma_a<FORMAT>(a0, a1, m, a);
-                        const uint32_t b[2] = {word_of(bv[c][m / 2], 2 * (m % 2)), word_of(bv[c][m / 2], 2 * (m % 2) + 1)};
-                        coli_mma_s8(d, a, b);
-                    }
+                for (int p = 0; p < 2; p++) { /* groups p and p + 2: sums from 1.5 2^23 (|sum| < 16 * 264 * 128 < 2^20) */
+                    uint32_t a[4], high[4];
+                    dmma_a<FORMAT>(a0, a1, p, a);
+                    dmma_high(a, high);
+                    int d[4];
+                    coli_mma_u8s8(d, a, bq[c][p][0], start[c][p]);
+                    coli_mma_u8s8(d, high, bq[c][p][1], d);
                     const float sg = p ? s0.y : s0.x, sg8 = p ? s8.y : s8.x;
 #pragma unroll
                     for (int k = 0; k < 4; k++) accf[i][k] = fmaf(float_sum(d[k]), k < 2 ? sg : sg8, accf[i][k]);

@@ -33,15 +33,16 @@ static uint32_t rng = 12345;
 static uint32_t next_u32() { return rng = rng * 1664525u + 1013904223u; }
 static float next_x(float scale) { return scale * ((float)(next_u32() >> 8) / 8388608.0f - 1.0f); }
 
-/* The m16n8k32 int8 mma over a warp's fragments (g = lane / 4, t = lane % 4). */
-static void reference_mma(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], int (&d)[32][4]) {
+/* The m16n8k32 int8 mma over a warp's fragments (g = lane / 4, t = lane % 4);
+ * A's bytes signed, or unsigned (mma's u8.s8). */
+static void reference_mma(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], int (&d)[32][4], bool unsigned_a = false) {
     int A[16][32], B[32][8];
+    const auto byte = [unsigned_a](uint32_t w, int i) { return unsigned_a ? (int)(uint8_t)(w >> 8 * i) : (int)(signed char)(w >> 8 * i); };
     for (int lane = 0; lane < 32; lane++) {
         const int g = lane / 4, t = lane % 4;
         for (int i = 0; i < 4; i++) {
-            A[g][4 * t + i] = (signed char)(a[lane][0] >> 8 * i), A[g + 8][4 * t + i] = (signed char)(a[lane][1] >> 8 * i);
-            A[g][16 + 4 * t + i] = (signed char)(a[lane][2] >> 8 * i);
-            A[g + 8][16 + 4 * t + i] = (signed char)(a[lane][3] >> 8 * i);
+            A[g][4 * t + i] = byte(a[lane][0], i), A[g + 8][4 * t + i] = byte(a[lane][1], i);
+            A[g][16 + 4 * t + i] = byte(a[lane][2], i), A[g + 8][16 + 4 * t + i] = byte(a[lane][3], i);
             B[4 * t + i][g] = (signed char)(b[lane][0] >> 8 * i), B[16 + 4 * t + i][g] = (signed char)(b[lane][1] >> 8 * i);
         }
     }
@@ -372,11 +373,12 @@ static void check_gemm_pieces() {
 /* One warp's slice of 16 rows as decode_mma_kernel forms it: x cut with the
  * slice's power of two into the digits' patch (dmma_run_words at dmma_word, and
  * the row of zeros), each lane's A from its 16 bytes of rows g and g + 8 of a
- * chunk (dmma_a) and B from the patch (dmma_b_at), the tiles' sums (int4: a pair
- * of groups' from 1.5 2^23, each half times its group's scale) put together as
- * the kernel does: the dot product, within what x's rounding (2^-31 of the
- * slice's largest |x|) and float sums allow. */
-template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f) {
+ * chunk (dmma_a, int4 also dmma_high) and B from the patch (dmma_b_at; int4 a
+ * pair's by dmma_pair_b), the tiles' sums (int4: a pair of groups', from 1.5
+ * 2^23 less the nibbles' offsets times B, each half times its group's scale) put
+ * together as the kernel does: the dot product, within what x's rounding (2^-31,
+ * int4 2^-27, of the slice's largest |x|) and float sums allow. */
+template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f, bool extremes = false) {
     constexpr int CC = mma_fmt<FORMAT>::cols, STEPS = mma_fmt<FORMAT>::steps, WORDS = 2 * STEPS;
     const int rows = 16, cols = chunks * CC, row_bytes = chunks * 64, digit_words = chunks * 4 * WORDS;
     std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
@@ -385,11 +387,12 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
     else stored = abi;
     std::vector<float> x((size_t)cols), scale((size_t)rows * cols / 32);
     for (int k = 0; k < cols; k++)
-        x[(size_t)k] = k % 37 == 0 ? 0.0f : next_x(amp * (k / CC % 3 == 0 ? 20.0f : k / CC % 3 == 1 ? 1e-3f : 1.0f));
+        x[(size_t)k] = extremes ? (k % 2 ? -amp : amp) /* v at its largest, odd and even columns apart: o - 16 e */
+                                : k % 37 == 0 ? 0.0f : next_x(amp * (k / CC % 3 == 0 ? 20.0f : k / CC % 3 == 1 ? 1e-3f : 1.0f));
     for (float &v : scale) v = 0.01f + 0.001f * (float)(next_u32() % 100);
     uint32_t top = 0;
     for (float v : x) top = std::max(top, as_bits(v) & 0x7FFFFFFFu);
-    const dmma_power e = dmma_power_of(top);
+    const dmma_power e = dmma_power_of<FORMAT>(top);
     std::vector<uint32_t> patch((size_t)5 * digit_words, 0xDEADBEEFu); /* what the kernel leaves unwritten (int8: row 4) */
     for (int run = 0; run < cols / 8; run++) {
         uint32_t words[4][2];
@@ -399,28 +402,40 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
             if (FORMAT == COLI_FMT_Q4) patch[(size_t)4 * digit_words + dmma_word<FORMAT>(run) + h] = 0u;
         }
     }
-    /* the kernel's order: int8 tile by tile into one C; int4 tiles p and p + 2
-     * into a C from 1.5 2^23, lane slot t's half of it group p + 2 (t / 2) */
+    /* the kernel's order: int8 tile by tile into one C; int4 the pair p and p + 2
+     * of groups into a C (its raw bytes, then its high nibbles), lane slot t's half
+     * of it group p + 2 (t / 2) */
     int acc[32][4] = {};
     float accf[32][4] = {};
     for (int c = 0; c < chunks; c++)
         for (int p = 0; p < (FORMAT == COLI_FMT_Q8 ? STEPS : 2); p++) {
             int d[32][4] = {};
-            for (int m = p; m < STEPS; m += FORMAT == COLI_FMT_Q8 ? STEPS : 2) {
-                uint32_t a[32][4], b[32][2];
+            for (int m = p; m < (FORMAT == COLI_FMT_Q8 ? STEPS : 2 * STEPS); m += STEPS) { /* int4: two mma */
+                uint32_t a[32][4], b[32][2], offset[32][4];
                 for (int lane = 0; lane < 32; lane++) {
                     const int g = lane / 4, t = lane % 4;
                     int4 a0, a1;
                     memcpy(&a0, &stored[(size_t)g * row_bytes + 64 * c + 16 * t], 16);
                     memcpy(&a1, &stored[(size_t)(g + 8) * row_bytes + 64 * c + 16 * t], 16);
-                    dmma_a<FORMAT>(a0, a1, m, a[lane]);
-                    for (int h = 0; h < 2; h++)
-                        b[lane][h] = FORMAT == COLI_FMT_Q8 && g >= 4 ? 0u : patch[(size_t)dmma_b_at<FORMAT>(g, t, m, digit_words) + c * 4 * WORDS + h];
+                    dmma_a<FORMAT>(a0, a1, p, a[lane]);
+                    if constexpr (FORMAT == COLI_FMT_Q8) {
+                        for (int h = 0; h < 2; h++)
+                            b[lane][h] = g >= 4 ? 0u : patch[(size_t)dmma_b_at<FORMAT>(g, t, m, digit_words) + c * 4 * WORDS + h];
+                    } else {
+                        int4 bw[2]; /* the kernel's B words of tiles 0 and 1, and of 2 and 3 */
+                        for (int half = 0; half < 2; half++)
+                            memcpy(&bw[half], &patch[(size_t)dmma_b_at<FORMAT>(g, t, 2 * half, digit_words) + c * 4 * WORDS], 16);
+                        const int second = m >= STEPS;
+                        dmma_pair_b(bw, p, second, b[lane]);
+                        if (second) dmma_high(a[lane], a[lane]);
+                        for (int k = 0; k < 4; k++) offset[lane][k] = second ? DMMA_HIGH_OFFSET : DMMA_RAW_OFFSET;
+                    }
                 }
-                int dm[32][4];
-                reference_mma(a, b, dm);
+                int dm[32][4], dk[32][4] = {};
+                reference_mma(a, b, dm, FORMAT == COLI_FMT_Q4);
+                if (FORMAT == COLI_FMT_Q4) reference_mma(offset, b, dk, true);
                 for (int lane = 0; lane < 32; lane++)
-                    for (int k = 0; k < 4; k++) d[lane][k] += dm[lane][k];
+                    for (int k = 0; k < 4; k++) d[lane][k] += dm[lane][k] - dk[lane][k];
             }
             for (int lane = 0; lane < 32; lane++)
                 for (int k = 0; k < 4; k++) {
@@ -447,11 +462,11 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f)
                              (FORMAT == COLI_FMT_Q8 ? 1.0 : (double)scale[(size_t)r * cols / 32 + k / 32]);
             want += w * x[(size_t)k], size += fabs(w * x[(size_t)k]), wsum += fabs(w);
         }
-        const double bound = ldexp(wsum * (double)as_float(top), -31) + ldexp(size, -20);
+        const double bound = ldexp(wsum * (double)as_float(top), FORMAT == COLI_FMT_Q8 ? -31 : -27) + ldexp(size, -20);
         EXPECT(fabs(got - want) <= bound, "decode_mma %s, %d chunks, x of %g, row %d: %.9g, want %.9g (bound %.3g)",
                FORMAT == COLI_FMT_Q8 ? "int8" : "int4", chunks, (double)amp, r, got, want, bound);
     }
-    EXPECT(std::isnan(dmma_power_of(0x7F800000u).back(1.0f)) && dmma_power_of(0).back(0.0f) == 0.0f,
+    EXPECT(std::isnan(dmma_power_of<FORMAT>(0x7F800000u).back(1.0f)) && dmma_power_of<FORMAT>(0).back(0.0f) == 0.0f,
            "decode_mma: an inf in the slice makes its sums NaN; a zero slice's are 0");
 }
 
@@ -477,6 +492,8 @@ int main() {
     check_decode_mma<COLI_FMT_Q8>(4, 1e-38f); /* past 2^-90: v in two steps; some x subnormal */
     check_decode_mma<COLI_FMT_Q4>(2, 1e-38f);
     check_decode_mma<COLI_FMT_Q8>(4, 1e32f);  /* a large power of two (the sums stay finite) */
+    check_decode_mma<COLI_FMT_Q8>(4, nextafterf(2.0f, 0.0f), true); /* every v just below 2^30 (int4 2^26) */
+    check_decode_mma<COLI_FMT_Q4>(2, nextafterf(2.0f, 0.0f), true);
     printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
     return failures != 0;
 }
