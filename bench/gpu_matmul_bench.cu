@@ -285,6 +285,7 @@ static const variant VARIANTS[] = {
     DMMA(12, 2, 2, 0, 1), DMMA(12, 2, 3, 0, 1), DMMA(16, 8, 1, 0, 1), DMMA(16, 4, 1, 0, 1),
     DMMA(16, 2, 2, 1, 1), DMMA(16, 2, 3, 1, 1), DMMA(16, 2, 4, 1, 1), DMMA(16, 2, 4, 2, 1), DMMA(16, 2, 5, 2, 1),
     DMMA(16, 2, 5, 3, 1), DMMA(16, 2, 6, 3, 1), DMMA(12, 2, 3, 1, 1), DMMA(12, 2, 4, 1, 1), DMMA(12, 2, 5, 2, 1),
+    DMMA(12, 2, 4, 2, 1),
 };
 
 /* COLI_BENCH_ONLY=a,b: only the variants whose names contain one of these */

@@ -369,16 +369,17 @@ static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, 
  * about half the SMs (T = rows / 8 SMs, 2 to TMAX), so that the next call's blocks
  * start at once on the other half. int8: half of a block's W in registers (all of
  * it where the blocks are a quarter of the SMs or fewer); int4: one tile up to T
- * = 4, then half (bench/RESULTS.md, seventeenth and eighteenth passes). */
+ * = 3, then half, but for 3072 columns one at T = 4 (bench/RESULTS.md,
+ * seventeenth to nineteenth passes). */
 template <int FORMAT, int NW, int CH, int TMAX>
 static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    constexpr bool q8 = FORMAT == COLI_FMT_Q8;
+    constexpr bool q8 = FORMAT == COLI_FMT_Q8, narrow = dmma_shape<FORMAT, NW, CH, 1, 0>::cols < 4096;
     const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), TMAX);
     if constexpr (q8)
         if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) return launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
     if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1>(w, dx, dy, stream);
     else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1>(w, dx, dy, stream);
-    else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 ? 2 : 1, 1>(w, dx, dy, stream);
+    else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 || !narrow ? 2 : 1, 1>(w, dx, dy, stream);
     else if constexpr (TMAX >= 6) {
         if (t == 5) launch_decode_mma<FORMAT, NW, CH, 5, 2, 1>(w, dx, dy, stream);
         else launch_decode_mma<FORMAT, NW, CH, 6, 3, 1>(w, dx, dy, stream);
@@ -386,13 +387,13 @@ static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float
 }
 
 /* S = 1 through decode_mma_kernel where it beats the other kernels (bench/RESULTS.md,
- * seventeenth and eighteenth passes; blocks of one tile a warp's slice wide):
+ * seventeenth to nineteenth passes; blocks of one tile a warp's slice wide):
  *   int8  2048 columns up to 24 rows an SM, 3072 and 4096 up to 48 (tiles by
  *         launch_decode_mma_tiles; 4096 x 4096: 5.6 -> 4.5 us); 8192 up to 8
  *         rows an SM two tiles a block (one in registers), else blocks of one
  *         while they leave a quarter of the SMs free.
  *   int4  3072 columns up to 32 rows an SM, 4096 up to 48 (tiles again; 4096 x
- *         4096: 3.8 -> 3.4 us); 8192 blocks of one tile while they leave a
+ *         4096: 3.8 -> 3.3 us); 8192 blocks of one tile while they leave a
  *         quarter of the SMs free, else two up to 16 rows an SM.
  * Returns whether it launched. */
 template <int FORMAT> static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
