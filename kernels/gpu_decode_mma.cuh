@@ -18,10 +18,11 @@
  *     bytes as unsigned int8 (16 o' + e' of a byte's odd and even value, each
  *     n + 8), of its second their high nibbles (one instruction a word, not
  *     three), against B's digits of 16 e and o - 16 e (dmma_run_words), with v
- *     below 2^26 so that those are four digits too; the sums start at the bits
- *     of 1.5 2^23 less the offsets' share, itself two mma of B (nineteenth
- *     pass). Rounding x costs 2^-31 (int4 2^-27) of the slice's largest |x|,
- *     beside a float32 sum's 2^-24 of its largest term.
+ *     below 2^26 so that those are four digits too; the offsets' share, itself
+ *     two mma of B, comes off the sums' start (the bits of 1.5 2^23), or with
+ *     few pairs a warp as they become floats (nineteenth pass). Rounding x
+ *     costs 2^-31 (int4 2^-27) of the slice's largest |x|, beside a float32
+ *     sum's 2^-24 of its largest term.
  *   - Each warp cuts its own slice of x (8 or 16 values a lane, the slice's
  *     largest |x| by one warp reduction) and swaps the digits through its own
  *     patch of shared memory: no barrier of the block before the sums.
@@ -165,9 +166,14 @@ __host__ __device__ inline void dmma_a(const int4 &a0, const int4 &a1, int m, ui
 __host__ __device__ inline void dmma_high(const uint32_t (&a)[4], uint32_t (&h)[4]) {
     for (int k = 0; k < 4; k++) h[k] = a[k] & 0xF0F0F0F0u;
 }
-/* The nibbles' offsets, 8 in each: A of 136 (raw bytes) and 128 (high nibbles). */
+/* The nibbles' offsets, 8 in each: A of 136 (raw bytes) and 128 (high nibbles).
+ * A pair's sums start at the bits of 1.5 2^23 and hold the offsets' share k too
+ * (|sum| and |k| < 16 * 264 * 128 < 2^20); taking 1.5 2^23 + k away, both exact
+ * floats, leaves the sum exactly. */
 #define DMMA_RAW_OFFSET 0x88888888u
 #define DMMA_HIGH_OFFSET 0x80808080u
+__host__ __device__ inline float dmma_offset_base(int k) { return FLOAT_SUM_BASE + (float)k; }
+__host__ __device__ inline float dmma_pair_sum(int bits, float base) { return as_float((uint32_t)bits) - base; }
 
 /* A lane's two digit sums of a row put together: slot 0 holds digits 0 and 1,
  * slot 1 digits 2 and 3, slots 2 and 3 the mma's unused columns (int8). A lane's
@@ -252,15 +258,21 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     /* int8: int32 sums over the slice; int4: each pair of groups', times their scales, in floats */
     int acc[RT][4] = {};
     float accf[RT][4] = {};
+    const int from[4] = {FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS}; /* int4 */
     const uint32_t *b_lo = patch + dmma_b_at<FORMAT>(g, t, 0, shape::digit_words); /* B of tiles 0 and 1 */
     const uint32_t *b_hi = patch + dmma_b_at<FORMAT>(g, t, 2, shape::digit_words); /* int4: of tiles 2 and 3 */
     constexpr int chunk_words = 8 * mma_fmt<FORMAT>::steps;
     /* int4: every chunk's B words once, as whole vectors (read again for each tile, nvcc's
      * output for these kernels varied from run to run: bench/RESULTS.md, eighteenth pass),
-     * each pair's B in registers side by side (else every tile moves them), and its sums'
-     * start: 1.5 2^23 less A's offsets times B */
+     * each pair's B in registers side by side (else every tile moves them), and A's
+     * offsets times B: with a few pairs a warp (LATE) taken away as the sums become
+     * floats (dmma_offset_base), so that their mma are off the way to the first tile;
+     * else taken from the sums' start (fewer registers in the tiles: bench/RESULTS.md,
+     * nineteenth pass) */
+    constexpr bool LATE = RT * CH <= 4;
     uint32_t bq[FORMAT == COLI_FMT_Q4 ? CH : 1][2][2][2];
-    int start[FORMAT == COLI_FMT_Q4 ? CH : 1][2][4];
+    float base[FORMAT == COLI_FMT_Q4 && LATE ? CH : 1][2][2];
+    int start[FORMAT == COLI_FMT_Q4 && !LATE ? CH : 1][2][4];
     if constexpr (FORMAT == COLI_FMT_Q4) {
 #pragma unroll
         for (int c = 0; c < CH; c++) {
@@ -274,8 +286,10 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 dmma_pair_b(bv, p, 0, bq[c][p][0]), dmma_pair_b(bv, p, 1, bq[c][p][1]);
                 coli_mma_u8s8(k, raw, bq[c][p][0], zero);
                 coli_mma_u8s8(k, high, bq[c][p][1], k);
+                if constexpr (LATE) base[c][p][0] = dmma_offset_base(k[0]), base[c][p][1] = dmma_offset_base(k[1]); /* rows g + 8: the same */
+                else
 #pragma unroll
-                for (int j = 0; j < 4; j++) start[c][p][j] = FLOAT_SUM_BITS - k[j]; /* rows g + 8: the same */
+                    for (int j = 0; j < 4; j++) start[c][p][j] = FLOAT_SUM_BITS - k[j];
             }
         }
     }
@@ -308,16 +322,20 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 const float *srow = sc + ((i * NW + warp) * 16 + g) * 4 * CH + 4 * c + dmma_pair_group(0, t);
                 const float2 s0 = *(const float2 *)srow, s8 = *(const float2 *)(srow + 8 * 4 * CH);
 #pragma unroll
-                for (int p = 0; p < 2; p++) { /* groups p and p + 2: sums from 1.5 2^23 (|sum| < 16 * 264 * 128 < 2^20) */
+                for (int p = 0; p < 2; p++) { /* groups p and p + 2: sums from 1.5 2^23 */
                     uint32_t a[4], high[4];
                     dmma_a<FORMAT>(a0, a1, p, a);
                     dmma_high(a, high);
                     int d[4];
-                    coli_mma_u8s8(d, a, bq[c][p][0], start[c][p]);
+                    if constexpr (LATE) coli_mma_u8s8(d, a, bq[c][p][0], from);
+                    else coli_mma_u8s8(d, a, bq[c][p][0], start[LATE ? 0 : c][p]);
                     coli_mma_u8s8(d, high, bq[c][p][1], d);
                     const float sg = p ? s0.y : s0.x, sg8 = p ? s8.y : s8.x;
 #pragma unroll
-                    for (int k = 0; k < 4; k++) accf[i][k] = fmaf(float_sum(d[k]), k < 2 ? sg : sg8, accf[i][k]);
+                    for (int k = 0; k < 4; k++) {
+                        const float sum = LATE ? dmma_pair_sum(d[k], base[LATE ? c : 0][p][k % 2]) : float_sum(d[k]);
+                        accf[i][k] = fmaf(sum, k < 2 ? sg : sg8, accf[i][k]);
+                    }
                 }
             }
         }

@@ -375,10 +375,11 @@ static void check_gemm_pieces() {
  * the row of zeros), each lane's A from its 16 bytes of rows g and g + 8 of a
  * chunk (dmma_a, int4 also dmma_high) and B from the patch (dmma_b_at; int4 a
  * pair's by dmma_pair_b), the tiles' sums (int4: a pair of groups', from 1.5
- * 2^23 less the nibbles' offsets times B, each half times its group's scale) put
- * together as the kernel does: the dot product, within what x's rounding (2^-31,
- * int4 2^-27, of the slice's largest |x|) and float sums allow. */
-template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f, bool extremes = false) {
+ * 2^23 less the nibbles' offsets times B, or from 1.5 2^23 and back to floats
+ * less both (`late`), each half times its group's scale) put together as the
+ * kernel does: the dot product, within what x's rounding (2^-31, int4 2^-27, of
+ * the slice's largest |x|) and float sums allow. */
+template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f, bool extremes = false, bool late = false) {
     constexpr int CC = mma_fmt<FORMAT>::cols, STEPS = mma_fmt<FORMAT>::steps, WORDS = 2 * STEPS;
     const int rows = 16, cols = chunks * CC, row_bytes = chunks * 64, digit_words = chunks * 4 * WORDS;
     std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
@@ -409,7 +410,7 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f,
     float accf[32][4] = {};
     for (int c = 0; c < chunks; c++)
         for (int p = 0; p < (FORMAT == COLI_FMT_Q8 ? STEPS : 2); p++) {
-            int d[32][4] = {};
+            int d[32][4] = {}, off[32][4] = {}; /* int4: and the offsets' share, from mma of A's offsets */
             for (int m = p; m < (FORMAT == COLI_FMT_Q8 ? STEPS : 2 * STEPS); m += STEPS) { /* int4: two mma */
                 uint32_t a[32][4], b[32][2], offset[32][4];
                 for (int lane = 0; lane < 32; lane++) {
@@ -435,14 +436,15 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f,
                 reference_mma(a, b, dm, FORMAT == COLI_FMT_Q4);
                 if (FORMAT == COLI_FMT_Q4) reference_mma(offset, b, dk, true);
                 for (int lane = 0; lane < 32; lane++)
-                    for (int k = 0; k < 4; k++) d[lane][k] += dm[lane][k] - dk[lane][k];
+                    for (int k = 0; k < 4; k++) d[lane][k] += dm[lane][k], off[lane][k] += dk[lane][k];
             }
             for (int lane = 0; lane < 32; lane++)
                 for (int k = 0; k < 4; k++) {
                     const int row = lane / 4 + 8 * (k / 2), group = c * 4 + dmma_pair_group(p, lane % 4);
                     if (FORMAT == COLI_FMT_Q8) acc[lane][k] += d[lane][k];
-                    else accf[lane][k] = fmaf(float_sum(FLOAT_SUM_BITS + d[lane][k]), scale[(size_t)row * cols / 32 + group],
-                                              accf[lane][k]);
+                    else accf[lane][k] = fmaf(late ? dmma_pair_sum(FLOAT_SUM_BITS + d[lane][k], dmma_offset_base(off[lane][k]))
+                                                   : float_sum(FLOAT_SUM_BITS - off[lane][k] + d[lane][k]),
+                                              scale[(size_t)row * cols / 32 + group], accf[lane][k]);
                 }
         }
     float p[32][2];
@@ -494,6 +496,8 @@ int main() {
     check_decode_mma<COLI_FMT_Q8>(4, 1e32f);  /* a large power of two (the sums stay finite) */
     check_decode_mma<COLI_FMT_Q8>(4, nextafterf(2.0f, 0.0f), true); /* every v just below 2^30 (int4 2^26) */
     check_decode_mma<COLI_FMT_Q4>(2, nextafterf(2.0f, 0.0f), true);
+    check_decode_mma<COLI_FMT_Q4>(2, 1.0f, false, true); /* the offsets taken away late */
+    check_decode_mma<COLI_FMT_Q4>(2, nextafterf(2.0f, 0.0f), true, true);
     printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
     return failures != 0;
 }
