@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     /* W: rows past the block's re-read its last one (their sums are dropped) */
     int4 wr[RR > 0 ? RR : 1][CH][2];
 #pragma unroll
-    for (int i = 0; i < RT; i++) {
+    for (int i = 0; i < RT; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t r = row0 + 16 * i + g + 8 * h;
@@ -224,7 +224,6 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                                        src + 64 * c);
             }
         }
-    }
     coli_copy_commit();
     const int64_t my_row = row0 + (int64_t)threadIdx.x;
     const float row_scale = FORMAT == COLI_FMT_Q8 && my_row < row_end ? scale[my_row] : 0.0625f; /* int4: 16 n */
@@ -286,7 +285,8 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
                 dmma_pair_b(bv, p, 0, bq[c][p][0]), dmma_pair_b(bv, p, 1, bq[c][p][1]);
                 coli_mma_u8s8(k, raw, bq[c][p][0], zero);
                 coli_mma_u8s8(k, high, bq[c][p][1], k);
-                if constexpr (LATE) base[c][p][0] = dmma_offset_base(k[0]), base[c][p][1] = dmma_offset_base(k[1]); /* rows g + 8: the same */
+                if constexpr (LATE) /* rows g + 8: the same */
+                    base[c][p][0] = dmma_offset_base(k[0]), base[c][p][1] = dmma_offset_base(k[1]);
                 else
 #pragma unroll
                     for (int j = 0; j < 4; j++) start[c][p][j] = FLOAT_SUM_BITS - k[j];
