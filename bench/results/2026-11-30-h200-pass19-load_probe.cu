@@ -8,6 +8,9 @@
 //   2 bulk copies of 2 KB (one a row), issued by one thread on one mbarrier
 //   3 bulk copies of 32 KB, one thread
 //   4 bulk copies of 2 KB issued by the 32 lanes of warp 0
+//   5 cp.async as decode_mma_kernel lays W out: rows of 2048 bytes, warp w 128 bytes of
+//     each, an instruction 8 rows x 64 bytes (lane g, t: row g, byte 16t of a chunk)
+//   6 the same bytes, an instruction 4 rows x 128 bytes (run 13)
 // nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 load_probe.cu -o load_probe
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,7 +42,18 @@ template <int MODE> __global__ void __launch_bounds__(512, 1) probe(const uint8_
     uint64_t t0 = 0;
     if (threadIdx.x == 0) t0 = gtime();
     int4 regs[4];
-    if (MODE <= 1) {
+    if (MODE == 5 || MODE == 6) { /* per 16 rows: each warp 16 x 128 bytes */
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        for (size_t tile = 0; tile < per / (16 * 2048); tile++)
+            for (int j = 0; j < 4; j++) {
+                const int row = MODE == 5 ? 8 * (j / 2) + lane / 4 : 4 * j + lane / 8;
+                const int at = MODE == 5 ? 64 * (j % 2) + 16 * (lane % 4) : 16 * (lane % 8);
+                const size_t o = (tile * 16 + row) * 2048 + 128 * warp + at;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr(sh + o)), "l"(s + o) : "memory");
+            }
+        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+    } else if (MODE <= 1) {
         size_t from = 0;
         if (MODE == 1) {
             for (int k = 0; k < 4; k++) regs[k] = __ldcs((const int4 *)(s + (size_t)(k * 512 + threadIdx.x) * 16));
@@ -124,6 +138,8 @@ int main() {
             run<2>(buf, span, blocks, per, dstamps, sink);
             run<3>(buf, span, blocks, per, dstamps, sink);
             run<4>(buf, span, blocks, per, dstamps, sink);
+            run<5>(buf, span, blocks, per, dstamps, sink);
+            run<6>(buf, span, blocks, per, dstamps, sink);
         }
     return 0;
 }
