@@ -461,12 +461,15 @@ int main(int argc, char **argv) {
                     float *scratch;
                     CHECK(cudaMalloc((void **)&scratch, (size_t)s * w.cols * 4));
                     /* the kernels picked, and (int8, int4) the decode kernel with its own prep, (int4)
-                     * the walking one and (int8, int4, sm_90) the bulk one and, at 4096 columns, the
+                     * the walking one and (int8, int4, sm_90, up to 4096 columns) the bulk one and, at 4096 columns, the
                      * tensor-core one in a form the pick does not take there */
                     const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : 5;
                     for (int path = 0; path < paths; path++) {
                         if (path == 2 && w.format == COLI_FMT_Q8) continue; /* no walking kernel for int8 */
                         if (path == 4 && !(decode_mma_laid(&w) && w.cols == 4096)) continue; /* 4096 columns only */
+                        if (path == 3 && !(cc_major() >= 9 && w.cols % BULK_COLS_PER_WARP == 0 &&
+                                           w.cols <= BULK_MAX_WARPS * BULK_COLS_PER_WARP))
+                            continue; /* the bulk kernel's widths (8192 x 8192 failed its launch) */
                         for (int simple = 1; simple >= 0; simple--) { /* the simple chain first: the other overwrites x */
                             float *a = buf[simple][0], *b = buf[simple][1];
                             if (simple) CHECK(cudaMemcpyAsync(a, x, (size_t)s * w.cols * 4, cudaMemcpyDeviceToDevice, g_stream));
