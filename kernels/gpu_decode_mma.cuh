@@ -186,6 +186,56 @@ __host__ __device__ inline float dmma_digits(float lo, float hi, int slot) {
 }
 template <int FORMAT> __host__ __device__ inline int dmma_slot(int t) { return FORMAT == COLI_FMT_Q8 ? t : t & 1; }
 
+/* A warp's slice of x: a lane's VPL values from column k0 into v; returns the
+ * slice's power of two (v = x 2^(30 - ex), int4 2^(26 - ex), of its largest |x| <
+ * 2^ex). */
+template <int FORMAT, int VPL>
+__device__ inline dmma_power dmma_slice(const float *x, int k0, int lane, float (&v)[VPL]) {
+#pragma unroll
+    for (int j = 0; j < VPL / 4; j++) {
+        const float4 f = COLI_LOAD_FRESH((const float4 *)(x + k0 + VPL * lane) + j);
+        v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+    }
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
+    return dmma_power_of<FORMAT>(coli_warp_max(top));
+}
+
+/* A lane's runs of the slice as digits into the warp's patch: a row of words a
+ * digit, at dmma_word (and, with 5 rows, a row of zeros there for dmma_b_at). The
+ * caller meets the warp (__syncwarp) before reading the patch. */
+template <int FORMAT, int VPL, int DIGIT_WORDS, int DIGIT_ROWS>
+__device__ inline void dmma_put_digits(const float (&v)[VPL], const dmma_power &e, int lane, uint32_t *patch) {
+#pragma unroll
+    for (int r = 0; r < VPL / 8; r++) {
+        uint32_t words[4][2];
+        dmma_run_words<FORMAT>(v + 8 * r, e, words);
+        const int at = dmma_word<FORMAT>(lane * (VPL / 8) + r);
+#pragma unroll
+        for (int d = 0; d < 4; d++) *(uint2 *)(patch + d * DIGIT_WORDS + at) = make_uint2(words[d][0], words[d][1]);
+        if constexpr (DIGIT_ROWS == 5) *(uint2 *)(patch + 4 * DIGIT_WORDS + at) = make_uint2(0u, 0u);
+    }
+}
+
+/* A tile's sums in a lane (f: C's four, as floats) into the block's shared
+ * `part`: the warp's rows g and g + 8 (at `at` and at + 8), met across the
+ * lanes of a row and taken back by the slice's power of two. */
+template <int FORMAT> __device__ inline void dmma_put_rows(const float (&f)[4], const dmma_power &e, int t, float *part, int at) {
+    float p0 = dmma_digits(f[0], f[1], dmma_slot<FORMAT>(t)), p8 = dmma_digits(f[2], f[3], dmma_slot<FORMAT>(t));
+    p0 += COLI_SHFL_XOR(p0, 1), p8 += COLI_SHFL_XOR(p8, 1);
+    if constexpr (FORMAT == COLI_FMT_Q4) p0 += COLI_SHFL_XOR(p0, 2), p8 += COLI_SHFL_XOR(p8, 2); /* both groups */
+    if (t == 0) part[at] = e.back(p0), part[at + 8] = e.back(p8);
+}
+
+/* Row r's sum over the NW warps' slices, in a fixed order. */
+template <int NW, int ROWS> __device__ inline float dmma_meet(const float *part, unsigned r) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NW; k++) s += part[k * ROWS + r];
+    return s;
+}
+
 template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
 __global__ void __launch_bounds__(NW * WARP, MINB)
     decode_mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
@@ -229,28 +279,11 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     const float row_scale = FORMAT == COLI_FMT_Q8 && my_row < row_end ? scale[my_row] : 0.0625f; /* int4: 16 n */
     coli_wait_prior_grid(); /* x is the last call's from here on */
 
-    /* x's slice: a lane's vpl values, the slice's largest |x| < 2^ex, v = x 2^(30 - ex) (int4: 26) */
-    const int k0 = warp * CH * shape::chunk_cols;
+    /* x's slice, cut into digits (int4 v = x 2^(26 - ex)) */
     float v[shape::vpl];
-#pragma unroll
-    for (int j = 0; j < shape::vpl / 4; j++) {
-        const float4 f = COLI_LOAD_FRESH((const float4 *)(x + k0 + shape::vpl * lane) + j);
-        v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
-    }
-    uint32_t top = 0;
-#pragma unroll
-    for (int j = 0; j < shape::vpl; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
-    const dmma_power e = dmma_power_of<FORMAT>(coli_warp_max(top));
+    const dmma_power e = dmma_slice<FORMAT, shape::vpl>(x, warp * CH * shape::chunk_cols, lane, v);
     uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * shape::digit_rows * shape::digit_words;
-#pragma unroll
-    for (int r = 0; r < shape::vpl / 8; r++) {
-        uint32_t words[4][2];
-        dmma_run_words<FORMAT>(v + 8 * r, e, words);
-        const int at = dmma_word<FORMAT>(lane * (shape::vpl / 8) + r);
-#pragma unroll
-        for (int d = 0; d < 4; d++) *(uint2 *)(patch + d * shape::digit_words + at) = make_uint2(words[d][0], words[d][1]);
-        if constexpr (FORMAT == COLI_FMT_Q4) *(uint2 *)(patch + 4 * shape::digit_words + at) = make_uint2(0u, 0u);
-    }
+    dmma_put_digits<FORMAT, shape::vpl, shape::digit_words, shape::digit_rows>(v, e, lane, patch);
     if constexpr (FORMAT == COLI_FMT_Q4) coli_copy_wait<1>(); /* this lane's scales (W's copies may still run) */
     __syncwarp(); /* the warp's digits (and scales) are in */
 
@@ -347,19 +380,10 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
         float f[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) f[k] = FORMAT == COLI_FMT_Q8 ? (float)acc[i][k] : accf[i][k];
-        float p0 = dmma_digits(f[0], f[1], dmma_slot<FORMAT>(t)), p8 = dmma_digits(f[2], f[3], dmma_slot<FORMAT>(t));
-        p0 += COLI_SHFL_XOR(p0, 1), p8 += COLI_SHFL_XOR(p8, 1);
-        if constexpr (FORMAT == COLI_FMT_Q4) p0 += COLI_SHFL_XOR(p0, 2), p8 += COLI_SHFL_XOR(p8, 2); /* both groups */
-        if (t == 0)
-            part[warp * shape::rows + 16 * i + g] = e.back(p0), part[warp * shape::rows + 16 * i + g + 8] = e.back(p8);
+        dmma_put_rows<FORMAT>(f, e, t, part, warp * shape::rows + 16 * i + g);
     }
     __syncthreads();
-    if (my_row < row_end) {
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NW; k++) s += part[k * shape::rows + threadIdx.x];
-        y[my_row] = s * row_scale;
-    }
+    if (my_row < row_end) y[my_row] = dmma_meet<NW, shape::rows>(part, threadIdx.x) * row_scale;
 }
 
 /* Whether decode_mma_kernel can take a weight of its width: int8, or int4 in the
