@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     const float row_scale = FORMAT == COLI_FMT_Q8 && my_row < row_end ? scale[my_row] : 0.0625f; /* int4: 16 n */
     coli_wait_prior_grid(); /* x is the last call's from here on */
 
-    /* x's slice, cut into digits (int4 v = x 2^(26 - ex)) */
+    /* x's slice, cut into digits in the warp's patch (dmma_slice says with what power of two) */
     float v[shape::vpl];
     const dmma_power e = dmma_slice<FORMAT, shape::vpl>(x, warp * CH * shape::chunk_cols, lane, v);
     uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * shape::digit_rows * shape::digit_words;
