@@ -396,7 +396,10 @@ int main(int argc, char **argv) {
             w.rows = sh[0];
             w.cols = sh[1];
             w.group = w.format == COLI_FMT_Q4 ? 32 : 0;
-            w.layout = mma_layout(w.format, w.cols, w.group) ? MMA_LAYOUT : 0; /* random data: any order is valid */
+            /* random data: any order is valid; the tile layout where the backend would choose it */
+            w.layout = tile_layout_fits(w.format, w.rows, w.cols, w.group) ? TILE_LAYOUT
+                       : mma_layout(w.format, w.cols, w.group)             ? MMA_LAYOUT
+                                                                           : 0;
             size_t qb, sb;
             coli_weight_sizes(&w, &qb, &sb);
             const double same_copy = profile ? 1.0 : copy_kernel_gbps(qb + sb);
@@ -463,7 +466,7 @@ int main(int argc, char **argv) {
                     /* the kernels picked, and (int8, int4) the decode kernel with its own prep, (int4)
                      * the walking one and (int8, int4, sm_90, up to 4096 columns) the bulk one and, at 4096 columns, the
                      * tensor-core one in a form the pick does not take there */
-                    const int paths = s > 1 || w.format == COLI_FMT_F32 ? 1 : 5;
+                    const int paths = s > 1 || w.format == COLI_FMT_F32 || w.layout == TILE_LAYOUT ? 1 : 5;
                     for (int path = 0; path < paths; path++) {
                         if (path == 2 && w.format == COLI_FMT_Q8) continue; /* no walking kernel for int8 */
                         if (path == 4 && !(decode_mma_laid(&w) && w.cols == 4096)) continue; /* 4096 columns only */
@@ -510,7 +513,8 @@ int main(int argc, char **argv) {
             for (int64_t s : sizes)
                 if (!profile || s == 1) report("auto", s, nullptr);
             for (const variant &v : VARIANTS)
-                if (pick(v, w.format) && (!s1_only || v.s == 1) && (!profile || v.s == 1) && chosen(v.name))
+                if (pick(v, w.format) && (!s1_only || v.s == 1) && (!profile || v.s == 1) && chosen(v.name) &&
+                    (w.layout != TILE_LAYOUT || strncmp(v.name, "auto", 4) == 0)) /* the variants read the mma layout */
                     report(v.name, v.s, pick(v, w.format));
             for (auto &c : ws) {
                 cudaFree(c.q);

@@ -112,20 +112,23 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
         return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: cannot allocate %zu device bytes: %s", qb + sb,
                          cudaGetErrorString(e));
     }
-    if (!simple_only() && mma_layout(format, cols, group)) { /* the mma kernel's order (gpu_matmul.cuh) */
-        void *order = malloc(qb);
-        if (!order) {
-            release(w);
-            return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: out of host memory (%zu bytes to reorder)", qb);
-        }
-        mma_reorder(q, order, (int64_t)(qb / 4));
-        w->layout = MMA_LAYOUT;
-        e = cudaMemcpy(w->q, order, qb, cudaMemcpyHostToDevice);
+    /* int4: the kernels' order (gpu_matmul.cuh): tile by tile, scales too, or the mma layout */
+    const bool tiled = !simple_only() && tile_layout_fits(format, rows, cols, group);
+    const bool reorder = tiled || (!simple_only() && mma_layout(format, cols, group));
+    void *order = reorder ? malloc(qb) : NULL;
+    float *sorder = tiled ? (float *)malloc(sb) : NULL;
+    if ((reorder && !order) || (tiled && !sorder)) {
         free(order);
-    } else {
-        e = cudaMemcpy(w->q, q, qb, cudaMemcpyHostToDevice);
+        release(w);
+        return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: out of host memory (%zu bytes to reorder)", qb + (tiled ? sb : 0));
     }
-    if (e == cudaSuccess && sb) e = cudaMemcpy(w->scale, scale, sb, cudaMemcpyHostToDevice);
+    if (tiled) tile_reorder(q, scale, rows, cols, order, sorder);
+    else if (reorder) mma_reorder(q, order, (int64_t)(qb / 4));
+    w->layout = tiled ? TILE_LAYOUT : reorder ? MMA_LAYOUT : 0;
+    e = cudaMemcpy(w->q, reorder ? order : q, qb, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess && sb) e = cudaMemcpy(w->scale, tiled ? sorder : scale, sb, cudaMemcpyHostToDevice);
+    free(order);
+    free(sorder);
     if (e != cudaSuccess) {
         release(w);
         return coli_fail(COLI_E_RUNTIME, "upload: copy to device failed: %s", cudaGetErrorString(e));

@@ -269,12 +269,8 @@ template <int FORMAT> static bulk_plan bulk_plan_for(const coli_weight *w, int t
 template <int FORMAT, int MINB, int T>
 static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     const auto kernel = decode_bulk_kernel<FORMAT, MINB, T>;
-    static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
-    if (!raised)
-        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      BULK_RING + 24 * 1024) == cudaSuccess &&
-                 cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    static bool raised = false;
+    allow_sm_shared(kernel, BULK_RING + 24 * 1024, raised);
     launch_early(chain_calls(), kernel, dim3((unsigned)sm_count()), dim3((unsigned)((plan.nw * BULK_GROUPS + 1) * WARP)),
                  plan.shared(), stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
 }

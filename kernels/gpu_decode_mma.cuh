@@ -141,6 +141,16 @@ template <int FORMAT> __host__ __device__ inline int dmma_b_at(int g, int t, int
     return row * digit_words + (FORMAT == COLI_FMT_Q8 ? 4 : 8) * t + 2 * m;
 }
 
+/* int4: a lane's B words of a chunk (bw, as dmma_b_at gives them from a patch
+ * with its row of zeros) from a patch of the 4 digits' rows alone: lane slot g
+ * reads its digit's 4 words of tiles 0 and 1 (g < 4) or 2 and 3 (g >= 4), the
+ * other half is zeros. One load instead of two, and no zeros in shared memory
+ * (decode_tiled_kernel). */
+__host__ __device__ inline void dmma_b_words(const uint32_t *patch, int g, int t, int digit_words, int4 (&bw)[2]) {
+    const int4 mine = *(const int4 *)(patch + (g & 3) * digit_words + 8 * t + (g < 4 ? 0 : 4)), zero = make_int4(0, 0, 0, 0);
+    bw[0] = g < 4 ? mine : zero, bw[1] = g < 4 ? zero : mine;
+}
+
 /* int4: B of the pair p and p + 2 of groups, from a lane's words of tiles 0 and 1
  * (bw[0]) and of 2 and 3 (bw[1]): the 16 e words (h = 0) or the o - 16 e ones (h =
  * 1) of group p (its columns 0-3) and of group p + 2 (4-7). */
@@ -174,6 +184,15 @@ __host__ __device__ inline void dmma_high(const uint32_t (&a)[4], uint32_t (&h)[
 #define DMMA_HIGH_OFFSET 0x80808080u
 __host__ __device__ inline float dmma_offset_base(int k) { return FLOAT_SUM_BASE + (float)k; }
 __host__ __device__ inline float dmma_pair_sum(int bits, float base) { return as_float((uint32_t)bits) - base; }
+/* int4: the offsets' share of a pair's sums, B (bq: its raw bytes' and high nibbles'
+ * words) times the constant A of each of its two mma, into k. */
+__device__ inline void dmma_offsets(const uint32_t (&bq)[2][2], int (&k)[4]) {
+    const uint32_t raw[4] = {DMMA_RAW_OFFSET, DMMA_RAW_OFFSET, DMMA_RAW_OFFSET, DMMA_RAW_OFFSET};
+    const uint32_t high[4] = {DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET};
+    const int zero[4] = {0, 0, 0, 0};
+    coli_mma_u8s8(k, raw, bq[0], zero);
+    coli_mma_u8s8(k, high, bq[1], k);
+}
 
 /* A lane's two digit sums of a row put together: slot 0 holds digits 0 and 1,
  * slot 1 digits 2 and 3, slots 2 and 3 the mma's unused columns (int8). A lane's
@@ -311,13 +330,9 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
             const int4 bv[2] = {*(const int4 *)(b_lo + chunk_words * c), *(const int4 *)(b_hi + chunk_words * c)};
 #pragma unroll
             for (int p = 0; p < 2; p++) {
-                const uint32_t raw[4] = {DMMA_RAW_OFFSET, DMMA_RAW_OFFSET, DMMA_RAW_OFFSET, DMMA_RAW_OFFSET};
-                const uint32_t high[4] = {DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET, DMMA_HIGH_OFFSET};
-                const int zero[4] = {0, 0, 0, 0};
                 int k[4];
                 dmma_pair_b(bv, p, 0, bq[c][p][0]), dmma_pair_b(bv, p, 1, bq[c][p][1]);
-                coli_mma_u8s8(k, raw, bq[c][p][0], zero);
-                coli_mma_u8s8(k, high, bq[c][p][1], k);
+                dmma_offsets(bq[c][p], k);
                 if constexpr (LATE) /* rows g + 8: the same */
                     base[c][p][0] = dmma_offset_base(k[0]), base[c][p][1] = dmma_offset_base(k[1]);
                 else
@@ -397,12 +412,8 @@ static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, 
     using shape = dmma_shape<FORMAT, NW, CH, RT, RR>;
     static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's W, x's digits and sums fit its shared memory");
     const auto kernel = decode_mma_kernel<FORMAT, NW, CH, RT, RR, MINB>;
-    static bool raised = false; /* past the default 48 KiB of shared memory, once per kernel */
-    if (!raised)
-        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)shape::shared) == cudaSuccess &&
-                 cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    static bool raised = false;
+    allow_sm_shared(kernel, (int)shape::shared, raised);
     launch_early(chain_calls(), kernel, dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), dim3(NW * WARP),
                  shape::shared, stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
 }

@@ -62,19 +62,22 @@ template <int FORMAT, int WM, int WN, int MT, int NT> struct gemm_copier {
     const uint8_t *w[WC], *d[DC];
     const float *sc, *e;
     int wat[WC], dat[DC];
+    int w_stride, s_stride; /* a row's chunks apart: W (bytes) and int4's scales (floats) */
 
     __device__ gemm_copier(const uint8_t *__restrict__ q, const float *__restrict__ scale, const uint8_t *__restrict__ planes,
-                           const float *__restrict__ ex, int64_t rows, int64_t row0, int64_t tok0, int64_t s, int chunks) {
+                           const float *__restrict__ ex, int64_t rows, int64_t row0, int64_t tok0, int64_t s, int chunks,
+                           int32_t layout)
+        : w_stride(q4_chunk_stride(layout)), s_stride(q4_chunk_stride(layout) / 16) {
         const int tid = threadIdx.x;
 #pragma unroll
         for (int j = 0; j < WC; j++) {
             const int i = tid + j * shape::threads, r = i / 4, u = i % 4;
             const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
-            w[j] = i < shape::rows * 4 ? q + row * chunks * 64 + 16 * u : nullptr;
+            w[j] = i < shape::rows * 4 ? q + q4_w_at(layout, row, 0, chunks) + 16 * u : nullptr;
             wat[j] = r * 64 + 16 * gemm_unit(r, u);
         }
         const int64_t srow = row0 + tid < rows ? row0 + tid : rows - 1;
-        sc = FORMAT == COLI_FMT_Q4 && tid < shape::rows ? scale + srow * chunks * 4 : nullptr;
+        sc = FORMAT == COLI_FMT_Q4 && tid < shape::rows ? scale + q4_s_at(layout, srow, 0, chunks) : nullptr;
 #pragma unroll
         for (int j = 0; j < DC; j++) {
             const int i = tid + j * shape::threads, k = i / PER, p = i % PER, dg = p / UNITS, u = p % UNITS;
@@ -89,10 +92,10 @@ template <int FORMAT, int WM, int WN, int MT, int NT> struct gemm_copier {
     __device__ void weights(uint8_t *slot, uint32_t at, int c) const {
 #pragma unroll
         for (int j = 0; j < WC; j++)
-            if (w[j]) coli_copy_async_at<16>(at + wat[j], slot + wat[j], w[j] + (int64_t)c * 64);
+            if (w[j]) coli_copy_async_at<16>(at + wat[j], slot + wat[j], w[j] + (int64_t)c * w_stride);
         if (sc) {
             const int o = shape::w_bytes + 16 * threadIdx.x;
-            coli_copy_async_at<16>(at + o, slot + o, sc + (int64_t)c * 4);
+            coli_copy_async_at<16>(at + o, slot + o, sc + (int64_t)c * s_stride);
         }
     }
     /* x's digits and E of chunk c */
@@ -121,7 +124,7 @@ __host__ __device__ inline float gemm_combine(int a, int b, int c) {
  * (w % WM, w / WM) of the block's. */
 template <int FORMAT, int WM, int WN, int MT, int NT>
 __global__ void __launch_bounds__(WM * WN * WARP)
-    gemm_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, int chunks,
+    gemm_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, int chunks, int32_t layout,
                 const uint8_t *__restrict__ planes, const float *__restrict__ ex, int64_t s, float *__restrict__ y) {
     using shape = gemm_shape<FORMAT, WM, WN, MT, NT>;
     extern __shared__ __align__(16) uint8_t shared[];
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(WM * WN * WARP)
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane / 4, t = lane % 4;
     const int wr = warp % WM * MT * 16, wt = warp / WM * NT * 8; /* the warp's first row and token in the block */
     const int64_t tok0 = (int64_t)blockIdx.x * shape::tokens, row0 = (int64_t)blockIdx.y * shape::rows;
-    const gemm_copier<FORMAT, WM, WN, MT, NT> copy(q, scale, planes, ex, rows, row0, tok0, s, chunks);
+    const gemm_copier<FORMAT, WM, WN, MT, NT> copy(q, scale, planes, ex, rows, row0, tok0, s, chunks, layout);
     /* W's first stages while mma_prep_kernel may still run; x's once it is done */
     const uint32_t at = coli_shared_at(shared);
     for (int c = 0; c < shape::ns - 1; c++)
@@ -279,7 +282,8 @@ static void launch_gemm(const coli_weight *w, const float *dx, int64_t s, float 
     const int chunks = launch_digits<FORMAT>(kernel, shape::shared, raised, w, dx, s, planes, digits, ex, stream);
     const dim3 grid((unsigned)((s + shape::tokens - 1) / shape::tokens), (unsigned)((w->rows + shape::rows - 1) / shape::rows));
     launch_early(true, kernel, grid, dim3(shape::threads), shape::shared, stream, (const uint8_t *)w->q,
-                 (const float *)w->scale, (int64_t)w->rows, chunks, (const uint8_t *)digits, (const float *)ex, s, dy);
+                 (const float *)w->scale, (int64_t)w->rows, chunks, w->layout, (const uint8_t *)digits, (const float *)ex, s,
+                 dy);
 }
 
 #endif

@@ -137,6 +137,36 @@ static void mma_reorder(const void *src, void *dst, int64_t words) {
     for (int64_t wn = 0; wn < words; wn++) memcpy((char *)dst + 4 * mma_word(wn), (const char *)src + 4 * wn, 4);
 }
 
+/* int4 rows tile by tile (decode_tiled_kernel, gpu_decode_tiled.cuh): the mma
+ * layout's 64-byte chunks, each 16-row tile's chunk c an item of 1 KB (its rows
+ * side by side), items tile by tile, so that a warp's next items are one
+ * contiguous copy; the scales the same, a chunk's 4 of each row, 64 floats an
+ * item. Rows whole tiles. */
+#define TILE_LAYOUT 2
+/* Where row `row`'s chunk `chunk` starts: W (bytes) and its 4 scales (floats), in
+ * either int4 layout (mma: rows side by side; tile: items). A row's chunks are a
+ * fixed stride apart in both (q4_chunk_stride). */
+__host__ __device__ inline int64_t q4_w_at(int32_t layout, int64_t row, int64_t chunk, int64_t chunks) {
+    return layout == TILE_LAYOUT ? (row / 16 * chunks + chunk) * 1024 + row % 16 * 64 : (row * chunks + chunk) * 64;
+}
+__host__ __device__ inline int64_t q4_s_at(int32_t layout, int64_t row, int64_t chunk, int64_t chunks) {
+    return layout == TILE_LAYOUT ? (row / 16 * chunks + chunk) * 64 + row % 16 * 4 : (row * chunks + chunk) * 4;
+}
+__host__ __device__ inline int q4_chunk_stride(int32_t layout) { return layout == TILE_LAYOUT ? 1024 : 64; }
+
+/* Host side: int4 rows (ABI order, whole chunks) and their group-32 scales -> the
+ * tile layout. */
+static void tile_reorder(const void *src, const float *scale, int64_t rows, int64_t cols, void *dst, float *sdst) {
+    const int64_t chunks = cols / 128;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < chunks; c++) {
+            char *to = (char *)dst + q4_w_at(TILE_LAYOUT, r, c, chunks);
+            const char *from = (const char *)src + (r * chunks + c) * 64;
+            for (int j = 0; j < 16; j++) memcpy(to + 4 * mma_word(j), from + 4 * j, 4);
+            memcpy(sdst + q4_s_at(TILE_LAYOUT, r, c, chunks), scale + (r * chunks + c) * 4, 16);
+        }
+}
+
 /* int4 word (nibbles n + 8) -> 4 signed int8 16 n of its even columns (the low
  * nibbles) and of its odd ones: xor 8 makes each nibble n in two's complement. */
 __host__ __device__ inline void q4_to_s8(uint32_t w, uint32_t &even, uint32_t &odd) {
@@ -372,7 +402,7 @@ template <int FORMAT, int RB, int NS, int TP> struct mma_shape {
 template <int FORMAT, int RB, int NS, int TP, bool X>
 __device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict__ q, const float *__restrict__ scale,
                                       const uint32_t *__restrict__ planes, const float *__restrict__ ex, int64_t rows,
-                                      int64_t row0, int64_t tok0, int64_t valid, int chunks, int st) {
+                                      int64_t row0, int64_t tok0, int64_t valid, int chunks, int32_t layout, int st) {
     using shape = mma_shape<FORMAT, RB, NS, TP>;
     uint8_t *slot = shared + (st % shape::ns) * shape::stage;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -382,7 +412,8 @@ __device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict
 #pragma unroll
         for (int r = warp; r < shape::rows; r += MMA_WARPS) {
             const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
-            if (at < row_bytes) coli_copy_async16(slot + r * MMA_ROW_PITCH + 16 * lane, q + row * row_bytes + at);
+            if (at < row_bytes)
+                coli_copy_async16(slot + r * MMA_ROW_PITCH + 16 * lane, q + q4_w_at(layout, row, at / 64, chunks) + at % 64);
         }
         if constexpr (FORMAT == COLI_FMT_Q4) /* 4 scales per chunk: 128 bytes of each row per stage */
             for (int i = threadIdx.x; i < shape::rows * 8; i += MMA_WARPS * WARP) {
@@ -390,7 +421,7 @@ __device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict
                 const int64_t row = row0 + r < rows ? row0 + r : rows - 1, sat = (int64_t)st * MMA_WARPS * 16 + 16 * k;
                 if (sat < row_bytes / 4)
                     coli_copy_async16(slot + shape::w_bytes + r * MMA_SCALE_PITCH + 16 * k,
-                                      (const uint8_t *)(scale + row * chunks * 4) + sat);
+                                      scale + q4_s_at(layout, row, sat / 16, chunks));
             }
     } else {
         constexpr int PIECES = mma_planes<FORMAT>::chunk / 16; /* per chunk and token */
@@ -417,7 +448,7 @@ __device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict
  * every stage. */
 template <int FORMAT, int RB, int NS, int TP>
 __global__ void __launch_bounds__(MMA_WARPS * WARP)
-    mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, int chunks,
+    mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, int chunks, int32_t layout,
                const uint32_t *__restrict__ planes, const float *__restrict__ ex, int64_t s, float *__restrict__ y) {
     using shape = mma_shape<FORMAT, RB, NS, TP>;
     extern __shared__ __align__(16) uint8_t shared[];
@@ -427,7 +458,7 @@ __global__ void __launch_bounds__(MMA_WARPS * WARP)
     const int64_t tok0 = 2 * pair0, valid = s - tok0 < 2 * TP ? s - tok0 : 2 * TP;
     const int stages = (chunks + MMA_WARPS - 1) / MMA_WARPS;
 #define MMA_COPY(X, st) \
-    mma_stage_copy<FORMAT, RB, NS, TP, X>(shared, q, scale, planes, ex, rows, row0, tok0, valid, chunks, st)
+    mma_stage_copy<FORMAT, RB, NS, TP, X>(shared, q, scale, planes, ex, rows, row0, tok0, valid, chunks, layout, st)
     /* W's first stages while mma_prep_kernel may still run; x's once it is done.
      * The first group then holds all of those W stages: waiting for it waits a
      * little longer once, and every later count still lines up. */
@@ -1027,11 +1058,23 @@ __host__ __device__ inline float stored_value(const void *q, int64_t row, int64_
         return ((const float *)q)[row * cols + c];
     } else {
         constexpr int PW = fmt<FORMAT>::per_word, BITS = FORMAT == COLI_FMT_Q8 ? 8 : 4;
+        if (FORMAT == COLI_FMT_Q4 && layout == TILE_LAYOUT) {
+            const int64_t wn = c / PW;
+            const uint8_t b = ((const uint8_t *)q)[q4_w_at(layout, row, wn / 16, cols / 128) + mma_word(wn % 16) * 4 + c % PW / 2];
+            return (float)((int)(c % 2 ? b >> 4 : b & 0x0F) - 8);
+        }
         const uint8_t *r = (const uint8_t *)q + row * cols * BITS / 8;
         const int64_t at = layout ? mma_word(c / PW) * 4 + c % PW * BITS / 8 : c * BITS / 8;
         if (FORMAT == COLI_FMT_Q8) return (float)(int8_t)r[at];
         return (float)((int)(c % 2 ? r[at] >> 4 : r[at] & 0x0F) - 8);
     }
+}
+
+/* int4's scale of row `row`, column c (groups of `group`; the tile layout's are 32). */
+__host__ __device__ inline float stored_scale(const float *scale, int64_t row, int64_t cols, int32_t group, int32_t layout,
+                                              int64_t c) {
+    return layout == TILE_LAYOUT ? scale[q4_s_at(layout, row, c / 128, cols / 128) + c % 128 / 32]
+                                 : scale[row * (cols / group) + c / group];
 }
 
 template <int FORMAT>
@@ -1044,7 +1087,7 @@ __global__ void simple_kernel(const void *__restrict__ q, const float *__restric
     float acc = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += SIMPLE_THREADS) {
         const float v = xt[c] * stored_value<FORMAT>(q, r, cols, layout, c);
-        acc += FORMAT == COLI_FMT_Q4 ? v * scale[r * (cols / group) + c / group] : v;
+        acc += FORMAT == COLI_FMT_Q4 ? v * stored_scale(scale, r, cols, group, layout, c) : v;
     }
     partial[threadIdx.x] = acc;
     __syncthreads();
@@ -1113,6 +1156,17 @@ static bool chain_calls(void) {
     }
     return g_chain != 0;
 }
+
+#if COLI_HAS_PDL
+/* A kernel whose blocks take most of an SM's shared memory: past the default 48 KiB
+ * and with the carveout at its largest, once per kernel (`raised`: its own flag). */
+template <typename Kernel> static void allow_sm_shared(Kernel kernel, int bytes, bool &raised) {
+    if (!raised)
+        raised = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess &&
+                 cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+}
+#endif
 
 /* Launches a kernel that, when `early` (and on sm_90), may start while the one
  * before it runs: it waits for that one before it reads its output
@@ -1206,6 +1260,26 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
 
 #include "gpu_decode_bulk.cuh"
 #include "gpu_decode_mma.cuh"
+#include "gpu_decode_tiled.cuh"
+
+/* Whether an int4 weight is stored tile by tile (TILE_LAYOUT) for decode_tiled_kernel:
+ * sm_90, groups of 32, a width it takes, rows of whole blocks (32) that fill one wave
+ * of them and at least 4096 (the rows measured; decode_mma_kernel and decode_kernel
+ * keep the rest). COLI_GPU_TILE=0 keeps the mma layout (for comparisons). */
+static bool tile_layout_fits(int32_t format, int64_t rows, int64_t cols, int32_t group) {
+#if COLI_HAS_PDL
+    static int off = -1;
+    if (off < 0) {
+        const char *v = getenv("COLI_GPU_TILE");
+        off = v && strcmp(v, "0") == 0;
+    }
+    return !off && format == COLI_FMT_Q4 && group == 32 && tiled_width(cols) && rows % 32 == 0 && rows >= 4096 &&
+           rows / 32 <= sm_count() && cc_major() >= 9;
+#else
+    (void)format, (void)rows, (void)cols, (void)group;
+    return false;
+#endif
+}
 
 /* Past the default 48 KiB of dynamic shared memory, once per kernel (`raised`: that kernel's own flag). */
 template <typename Kernel> static void allow_shared(Kernel kernel, int bytes, bool &raised) {
@@ -1243,7 +1317,8 @@ static void launch_mma_pairs(const coli_weight *w, const float *dx, int64_t s, f
     const int chunks = launch_digits<FORMAT>(kernel, shape::shared, raised, w, dx, s, planes, digits, ex, stream);
     const dim3 grid((unsigned)((w->rows + shape::rows - 1) / shape::rows), (unsigned)((s + 2 * TP - 1) / (2 * TP)));
     launch_early(true, kernel, grid, dim3(MMA_WARPS * WARP), shape::shared, stream, (const uint8_t *)w->q,
-                 (const float *)w->scale, (int64_t)w->rows, chunks, (const uint32_t *)digits, (const float *)ex, s, dy);
+                 (const float *)w->scale, (int64_t)w->rows, chunks, w->layout, (const uint32_t *)digits, (const float *)ex,
+                 s, dy);
 }
 
 /* Pairs of tokens per block: the fewest of 1, 2, 4, 8 that cover s, up to the
@@ -1276,6 +1351,10 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
 
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
+ *   int4 S = 1 stored tile by tile (tile_layout_fits: sm_90, 4096 rows of 8192,
+ *              12288 or 14336 columns, one wave of blocks of 32): decode_tiled_kernel
+ *              (gpu_decode_tiled.cuh); those weights take the mma kernel and
+ *              gemm_kernel below for more tokens, as int4 in the mma layout does.
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
  *              sm_90, rows of 2048 (int8), 3072, 4096 or 8192 columns, up to
  *              16-48 rows an SM,
@@ -1318,16 +1397,20 @@ static bool decode_takes(const coli_weight *w) {
     return w->format == COLI_FMT_Q8 ? w->cols % 16 == 0 : w->layout == MMA_LAYOUT;
 }
 
-/* Whether the mma kernel takes a weight (given scratch for x's digits). */
+/* Whether the mma kernel (and gemm_kernel) takes a weight (given scratch for x's digits). */
 static bool mma_takes(const coli_weight *w) {
-    return w->format == COLI_FMT_Q8 ? w->cols % mma_fmt<COLI_FMT_Q8>::cols == 0 : w->layout == MMA_LAYOUT;
+    return w->format == COLI_FMT_Q8 ? w->cols % mma_fmt<COLI_FMT_Q8>::cols == 0 : w->layout == MMA_LAYOUT || w->layout == TILE_LAYOUT;
 }
 
 template <int FORMAT>
 static void launch_format(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
                           bool simple, float *planes) {
-    if (simple) {
+    if (simple || (w->layout == TILE_LAYOUT && !planes)) {
         launch_simple<FORMAT>(w, dx, s, dy, stream);
+#if COLI_HAS_PDL
+    } else if (FORMAT == COLI_FMT_Q4 && w->layout == TILE_LAYOUT && s == 1) {
+        launch_decode_tiled_pick(w, dx, dy, stream);
+#endif
     } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
         const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
 #if COLI_HAS_PDL

@@ -58,6 +58,7 @@ BACKEND_HEADERS = (
     "kernels/gpu_matmul.cuh",
     "kernels/gpu_decode_bulk.cuh",
     "kernels/gpu_decode_mma.cuh",
+    "kernels/gpu_decode_tiled.cuh",
     "kernels/gpu_gemm.cuh",
 )
 GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")

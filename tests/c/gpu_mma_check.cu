@@ -10,7 +10,9 @@
  * whole run once; an inf or NaN in x makes its sums NaN; and gemm_kernel's turned
  * units and its sums put together hold (check_gemm_pieces); and decode_mma_kernel's
  * slice of x, its operands and its sums put together make the dot product
- * (check_decode_mma). Exit 0 when all hold. */
+ * (check_decode_mma); and the tile layout holds the same values where
+ * decode_tiled_kernel, mma_kernel and gemm_kernel read them (check_tile_layout).
+ * Exit 0 when all hold. */
 #include "gpu_compat.h"
 #include "backend_common.h"
 #include "gpu_matmul.cuh"
@@ -109,6 +111,51 @@ static void check_layout() {
     EXPECT(mma_layout(COLI_FMT_Q4, 256, 32) && !mma_layout(COLI_FMT_Q4, 192, 32) && !mma_layout(COLI_FMT_Q4, 256, 64) &&
                !mma_layout(COLI_FMT_Q8, 256, 0),
            "the mma layout: int4 rows of whole chunks, groups of 32");
+}
+
+/* The tile layout (decode_tiled_kernel): every value and scale read back through
+ * it is the ABI's; a row's chunks lie q4_chunk_stride apart in both int4 layouts,
+ * as mma_kernel and gemm_kernel step through them; and an item's bytes are, where
+ * decode_tiled_kernel's lane (g, t) reads them (16 lane, 512 + 16 lane; scales 4 g
+ * and 4 g + 32 floats in), the mma layout's bytes of rows g and g + 8 of its tile,
+ * 16 t into the chunk, that decode_mma_kernel's lane reads. */
+static void check_tile_layout() {
+    const int64_t rows = 48, cols = 384, chunks = cols / 128, bytes = rows * cols / 2;
+    std::vector<uint8_t> abi((size_t)bytes), mma((size_t)bytes), tiled((size_t)bytes);
+    std::vector<float> scale((size_t)(rows * cols / 32)), tiled_scale(scale.size());
+    for (uint8_t &b : abi) b = (uint8_t)(next_u32() >> 24);
+    for (float &v : scale) v = (float)(next_u32() % 1000);
+    mma_reorder(abi.data(), mma.data(), bytes / 4);
+    tile_reorder(abi.data(), scale.data(), rows, cols, tiled.data(), tiled_scale.data());
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            EXPECT(stored_value<COLI_FMT_Q4>(tiled.data(), r, cols, TILE_LAYOUT, c) ==
+                       stored_value<COLI_FMT_Q4>(abi.data(), r, cols, 0, c),
+                   "tile layout: int4 value (%lld, %lld) moved", (long long)r, (long long)c);
+            EXPECT(stored_scale(tiled_scale.data(), r, cols, 32, TILE_LAYOUT, c) == stored_scale(scale.data(), r, cols, 32, 0, c),
+                   "tile layout: the scale of (%lld, %lld) moved", (long long)r, (long long)c);
+        }
+    for (int32_t layout : {MMA_LAYOUT, TILE_LAYOUT})
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < chunks; c++)
+                EXPECT(q4_w_at(layout, r, c, chunks) == q4_w_at(layout, r, 0, chunks) + c * q4_chunk_stride(layout) &&
+                           q4_s_at(layout, r, c, chunks) == q4_s_at(layout, r, 0, chunks) + c * q4_chunk_stride(layout) / 16,
+                       "layout %d: row %lld's chunks are not a stride apart", (int)layout, (long long)r);
+    for (int64_t tile = 0; tile < rows / 16; tile++)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t item = tile * chunks + c;
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane / 4, t = lane % 4;
+                for (int h = 0; h < 2; h++) {
+                    const int64_t row = tile * 16 + g + 8 * h;
+                    EXPECT(memcmp(&tiled[(size_t)(item * 1024 + 512 * h + 16 * lane)], &mma[(size_t)((row * chunks + c) * 64 + 16 * t)], 16) == 0,
+                           "tile layout: item (%lld, %lld), lane %d, rows %s", (long long)tile, (long long)c, lane, h ? "8-15" : "0-7");
+                    for (int k = 0; k < 4; k++)
+                        EXPECT(tiled_scale[(size_t)(item * 64 + 4 * g + 32 * h + k)] == scale[(size_t)(row * cols / 32 + 4 * c + k)],
+                               "tile layout: item (%lld, %lld), scale %d of row %lld", (long long)tile, (long long)c, k, (long long)row);
+                }
+            }
+        }
 }
 
 /* One block of 16 rows and a pair of tokens, as mma_kernel forms it. */
@@ -374,12 +421,14 @@ static void check_gemm_pieces() {
  * slice's power of two into the digits' patch (dmma_run_words at dmma_word, and
  * the row of zeros), each lane's A from its 16 bytes of rows g and g + 8 of a
  * chunk (dmma_a, int4 also dmma_high) and B from the patch (dmma_b_at; int4 a
- * pair's by dmma_pair_b), the tiles' sums (int4: a pair of groups', from 1.5
+ * pair's by dmma_pair_b, or with `four_rows` by dmma_b_words from a patch
+ * without the zeros, as decode_tiled_kernel reads it), the tiles' sums (int4: a pair of groups', from 1.5
  * 2^23 less the nibbles' offsets times B, or from 1.5 2^23 and back to floats
  * less both (`late`), each half times its group's scale) put together as the
  * kernel does: the dot product, within what x's rounding (2^-31, int4 2^-27, of
  * the slice's largest |x|) and float sums allow. */
-template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f, bool extremes = false, bool late = false) {
+template <int FORMAT>
+static void check_decode_mma(int chunks, float amp = 1.0f, bool extremes = false, bool late = false, bool four_rows = false) {
     constexpr int CC = mma_fmt<FORMAT>::cols, STEPS = mma_fmt<FORMAT>::steps, WORDS = 2 * STEPS;
     const int rows = 16, cols = chunks * CC, row_bytes = chunks * 64, digit_words = chunks * 4 * WORDS;
     std::vector<uint8_t> abi((size_t)rows * row_bytes), stored(abi.size());
@@ -400,7 +449,7 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f,
         dmma_run_words<FORMAT>(&x[(size_t)run * 8], e, words);
         for (int h = 0; h < 2; h++) {
             for (int d = 0; d < 4; d++) patch[(size_t)d * digit_words + dmma_word<FORMAT>(run) + h] = words[d][h];
-            if (FORMAT == COLI_FMT_Q4) patch[(size_t)4 * digit_words + dmma_word<FORMAT>(run) + h] = 0u;
+            if (FORMAT == COLI_FMT_Q4 && !four_rows) patch[(size_t)4 * digit_words + dmma_word<FORMAT>(run) + h] = 0u;
         }
     }
     /* the kernel's order: int8 tile by tile into one C; int4 the pair p and p + 2
@@ -424,8 +473,11 @@ template <int FORMAT> static void check_decode_mma(int chunks, float amp = 1.0f,
                             b[lane][h] = g >= 4 ? 0u : patch[(size_t)dmma_b_at<FORMAT>(g, t, m, digit_words) + c * 4 * WORDS + h];
                     } else {
                         int4 bw[2]; /* the kernel's B words of tiles 0 and 1, and of 2 and 3 */
-                        for (int half = 0; half < 2; half++)
-                            memcpy(&bw[half], &patch[(size_t)dmma_b_at<FORMAT>(g, t, 2 * half, digit_words) + c * 4 * WORDS], 16);
+                        if (four_rows) /* decode_tiled_kernel's: no row of zeros */
+                            dmma_b_words(&patch[(size_t)c * 4 * WORDS], g, t, digit_words, bw);
+                        else
+                            for (int half = 0; half < 2; half++)
+                                memcpy(&bw[half], &patch[(size_t)dmma_b_at<FORMAT>(g, t, 2 * half, digit_words) + c * 4 * WORDS], 16);
                         const int second = m >= STEPS;
                         dmma_pair_b(bw, p, second, b[lane]);
                         if (second) dmma_high(a[lane], a[lane]);
@@ -479,6 +531,7 @@ int main() {
     check_not_finite();
     check_slices();
     check_layout();
+    check_tile_layout();
     check_block<COLI_FMT_Q8>(3);
     check_block<COLI_FMT_Q4>(3);
     check_decode<COLI_FMT_Q8>(16 * 45);  /* a run of 32 pieces and one of 13 */
@@ -498,6 +551,8 @@ int main() {
     check_decode_mma<COLI_FMT_Q4>(2, nextafterf(2.0f, 0.0f), true);
     check_decode_mma<COLI_FMT_Q4>(2, 1.0f, false, true); /* the offsets taken away late */
     check_decode_mma<COLI_FMT_Q4>(2, nextafterf(2.0f, 0.0f), true, true);
+    check_decode_mma<COLI_FMT_Q4>(8, 1.0f, false, true, true); /* B from the 4 digits' rows alone (decode_tiled_kernel) */
+    check_decode_mma<COLI_FMT_Q4>(8, nextafterf(2.0f, 0.0f), true, true, true);
     printf("%s\n", failures ? "mma path check FAILED" : "mma path check passed");
     return failures != 0;
 }

@@ -1,0 +1,177 @@
+/* int4 at S = 1 for wide rows, on sm_90: decode_tiled_kernel. Included by
+ * gpu_matmul.cuh after gpu_decode_mma.cuh; CUDA only.
+ *
+ * Where a row is too wide for decode_mma_kernel's blocks to hold all of their W
+ * (16 rows of 8192 int4 columns with their scales are 80 KB), its sums (x's slice
+ * cut into digits once a warp, W's raw bytes on the tensor cores, gpu_decode_mma.cuh)
+ * still cost far less than decode_kernel's dp4a. Here each warp streams its items:
+ *   - W is stored tile by tile (TILE_LAYOUT, gpu_matmul.cuh): an item is a 16-row
+ *     tile's 64 bytes of one chunk, 1 KB, and its scales 256 bytes, so a warp's
+ *     next G items (its slice of CH chunks, tile by tile) are one bulk copy of W and
+ *     one of the scales, counted on the warp's mbarrier for that slot of its ring.
+ *     Read where they lie in the mma layout (16 rows a row apart, by tensor maps or
+ *     cp.async), the same items came far slower (bench/RESULTS.md, twentieth and
+ *     twenty-first passes).
+ *   - A block has two tiles, one an SM; one copy group of each warp goes out before
+ *     the wait for the call before, and the rest only after x's slice has been
+ *     asked for, by a bulk copy into the warp's patch: x's 4 bytes a column are a
+ *     fifth of a block's bytes at 4096 rows, and behind the whole ring they held up
+ *     the sums (twenty-first pass: 4096 x 14336 12.7 -> 11.6 us).
+ *   - The warps' sums meet in shared memory in a fixed order (dmma_meet).
+ * Measured on the H200 (twenty-first pass), int4 4096 rows, against the pick before:
+ * 8192 columns 5.8-6.3 us (8.2), 12288 9.7 (11.1), 14336 11.5-11.6 (12.1). */
+#ifndef COLI_GPU_DECODE_TILED_CUH
+#define COLI_GPU_DECODE_TILED_CUH
+
+#if COLI_HAS_PDL
+#define TILED_W 1024 /* an item's W bytes */
+#define TILED_S 256  /* and its scales' */
+
+template <int NW, int CH, int D, int G> struct dtiled_shape {
+    static constexpr int cols = NW * CH * 128, rows = 32, chunks = NW * CH; /* two tiles a block */
+    static constexpr int vpl = CH * 128 / WARP;                             /* x values a lane cuts */
+    static constexpr int groups = 2 * CH / G, ring_groups = D / G;          /* a warp's copy groups; in its ring */
+    static constexpr int digit_words = CH * 32 + 4;                         /* as decode_mma_kernel's int4 patch */
+    static constexpr size_t slot_group = (size_t)G * (TILED_W + TILED_S);
+    static constexpr size_t ring_bytes = (size_t)NW * ring_groups * slot_group;
+    static constexpr size_t bar_bytes = (size_t)NW * (ring_groups + 1) * 8; /* the slots' and x's */
+    static constexpr size_t x_bytes = (size_t)NW * 4 * digit_words * 4;
+    static constexpr size_t part_bytes = (size_t)NW * rows * 4;
+    static constexpr size_t shared = ring_bytes + bar_bytes + x_bytes + part_bytes;
+    static_assert(CH % G == 0 && D % G == 0 && ring_groups >= 2 && ring_groups <= groups && vpl % 8 == 0,
+                  "whole copy groups of one tile, two at least in flight; lanes cut whole runs of 8 columns");
+    static_assert(4 * digit_words * 4 >= vpl * WARP * 4, "x's slice fits the warp's patch it is cut into");
+};
+
+template <int NW, int CH, int D, int G>
+__global__ void __launch_bounds__(NW * WARP, 1)
+    decode_tiled_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
+                        const float *__restrict__ x, float *__restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using shape = dtiled_shape<NW, CH, D, G>;
+    extern __shared__ __align__(128) uint8_t dtiled_shared[];
+    coli_allow_next_grid();
+    const int lane = (int)threadIdx.x % WARP, warp = (int)threadIdx.x / WARP, g = lane / 4, t = lane % 4;
+    const int64_t row0 = (int64_t)blockIdx.x * shape::rows, tile0 = row0 / 16;
+    uint8_t *ring = dtiled_shared + (size_t)warp * shape::ring_groups * shape::slot_group;
+    uint64_t *bar = (uint64_t *)(dtiled_shared + shape::ring_bytes) + warp * (shape::ring_groups + 1), *xbar = bar + shape::ring_groups;
+    uint32_t *patch = (uint32_t *)(dtiled_shared + shape::ring_bytes + shape::bar_bytes) + warp * 4 * shape::digit_words;
+    if (lane == 0) {
+        for (int k = 0; k <= shape::ring_groups; k++) stage_init(&bar[k], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    auto copy = [&](int k) { /* copy group k: the warp's items G k .. G k + G - 1, of one tile */
+        const int i = k * G / CH, c0 = k * G % CH, slot = k % shape::ring_groups;
+        const int64_t item = (tile0 + i) * shape::chunks + warp * CH + c0;
+        uint8_t *to = ring + slot * shape::slot_group;
+        stage_expect(&bar[slot], (uint32_t)shape::slot_group);
+        stage_copy(to, q + item * TILED_W, G * TILED_W, &bar[slot]);
+        stage_copy(to + G * TILED_W, (const uint8_t *)scale + item * TILED_S, G * TILED_S, &bar[slot]);
+    };
+    if (lane == 0) copy(0);
+    coli_wait_prior_grid(); /* x is the last call's from here on */
+    if (lane == 0) {
+        stage_expect(xbar, (uint32_t)(shape::vpl * WARP * 4));
+        stage_copy(patch, x + warp * CH * 128, shape::vpl * WARP * 4, xbar);
+        for (int k = 1; k < shape::ring_groups; k++) copy(k);
+    }
+    stage_wait(xbar, 0);
+    float v[shape::vpl];
+#pragma unroll
+    for (int j = 0; j < shape::vpl / 4; j++) {
+        const float4 f = ((const float4 *)patch)[lane * (shape::vpl / 4) + j];
+        v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+    }
+    __syncwarp(); /* the slice is read before its digits overwrite it */
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < shape::vpl; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
+    const dmma_power e = dmma_power_of<COLI_FMT_Q4>(coli_warp_max(top));
+    dmma_put_digits<COLI_FMT_Q4, shape::vpl, shape::digit_words, 4>(v, e, lane, patch);
+    __syncwarp();
+
+    float accf[2][4] = {};
+    const int from[4] = {FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS};
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll 1
+        for (int kk = 0; kk < CH / G; kk++) { /* a tile's copy groups: rolled, so that accf stays in registers */
+            const int k = i * (CH / G) + kk;
+            stage_wait(&bar[k % shape::ring_groups], (uint32_t)(k / shape::ring_groups & 1));
+            const uint8_t *slot = ring + k % shape::ring_groups * shape::slot_group;
+#pragma unroll
+            for (int m = 0; m < G; m++) {
+                const int c = kk * G + m;
+                uint32_t bq[2][2][2]; /* the chunk's B: pair p, raw bytes' (h = 0) or high nibbles' */
+                float base[2][2];     /* 1.5 2^23 and the offsets' share, rows g and g + 8 alike */
+                int4 bw[2];
+                dmma_b_words(patch + 32 * c, g, t, shape::digit_words, bw);
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    int off[4];
+                    dmma_pair_b(bw, p, 0, bq[p][0]), dmma_pair_b(bw, p, 1, bq[p][1]);
+                    dmma_offsets(bq[p], off);
+                    base[p][0] = dmma_offset_base(off[0]), base[p][1] = dmma_offset_base(off[1]);
+                }
+                const uint8_t *w_item = slot + m * TILED_W, *s_item = slot + G * TILED_W + m * TILED_S;
+                const int4 a0 = *(const int4 *)(w_item + 16 * lane), a1 = *(const int4 *)(w_item + 512 + 16 * lane);
+                const float *srow = (const float *)s_item + 4 * g + dmma_pair_group(0, t);
+                const float2 s0 = *(const float2 *)srow, s8 = *(const float2 *)(srow + 32);
+#pragma unroll
+                for (int p = 0; p < 2; p++) { /* groups p and p + 2: lane slot t's half of C is group p + 2 (t / 2) */
+                    uint32_t a[4], hi[4];
+                    dmma_a<COLI_FMT_Q4>(a0, a1, p, a);
+                    dmma_high(a, hi);
+                    int d[4];
+                    coli_mma_u8s8(d, a, bq[p][0], from);
+                    coli_mma_u8s8(d, hi, bq[p][1], d);
+                    const float sg = p ? s0.y : s0.x, sg8 = p ? s8.y : s8.x;
+#pragma unroll
+                    for (int n = 0; n < 4; n++) accf[i][n] = fmaf(dmma_pair_sum(d[n], base[p][n % 2]), n < 2 ? sg : sg8, accf[i][n]);
+                }
+            }
+            if (k + shape::ring_groups < shape::groups) {
+                __syncwarp(); /* every lane has read the group's slot */
+                if (lane == 0) {
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* those reads before the copy's writes */
+                    copy(k + shape::ring_groups);
+                }
+            }
+        }
+
+    float *part = (float *)(dtiled_shared + shape::ring_bytes + shape::bar_bytes + shape::x_bytes);
+#pragma unroll
+    for (int i = 0; i < 2; i++) dmma_put_rows<COLI_FMT_Q4>(accf[i], e, t, part, warp * shape::rows + 16 * i + g);
+    __syncthreads();
+    const int64_t my_row = row0 + (int64_t)threadIdx.x;
+    if ((int)threadIdx.x < shape::rows && my_row < rows) y[my_row] = dmma_meet<NW, shape::rows>(part, threadIdx.x) * 0.0625f;
+#else
+    (void)q, (void)scale, (void)rows, (void)x, (void)y;
+    __trap(); /* launched on sm_90 only (tile_layout_fits) */
+#endif
+}
+
+template <int NW, int CH, int D, int G>
+static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    using shape = dtiled_shape<NW, CH, D, G>;
+    static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's ring, x's digits and sums fit its shared memory");
+    const auto kernel = decode_tiled_kernel<NW, CH, D, G>;
+    static bool raised = false;
+    allow_sm_shared(kernel, (int)shape::shared, raised);
+    launch_early(chain_calls(), kernel, dim3((unsigned)(w->rows / shape::rows)), dim3(NW * WARP), shape::shared, stream,
+                 (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
+}
+
+/* The widths decode_tiled_kernel takes, each with the form that measured best
+ * (twenty-first pass: warps x chunks a warp, items in a warp's ring, a copy). */
+static bool tiled_width(int64_t cols) { return cols == 8192 || cols == 12288 || cols == 14336; }
+
+static void launch_decode_tiled_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    if (w->cols == 8192) launch_decode_tiled<16, 4, 4, 2>(w, dx, dy, stream);
+    else if (w->cols == 12288) launch_decode_tiled<12, 8, 8, 2>(w, dx, dy, stream);
+    else launch_decode_tiled<14, 8, 8, 2>(w, dx, dy, stream);
+}
+#endif
+
+#endif
