@@ -205,9 +205,17 @@ __host__ __device__ inline float dmma_digits(float lo, float hi, int slot) {
 }
 template <int FORMAT> __host__ __device__ inline int dmma_slot(int t) { return FORMAT == COLI_FMT_Q8 ? t : t & 1; }
 
+/* The power of two of a warp's slice of x, each lane's VPL values in v (v = x
+ * 2^(30 - ex), int4 2^(26 - ex), of its largest |x| < 2^ex). */
+template <int FORMAT, int VPL> __device__ inline dmma_power dmma_slice_power(const float (&v)[VPL]) {
+    uint32_t top = 0;
+#pragma unroll
+    for (int j = 0; j < VPL; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
+    return dmma_power_of<FORMAT>(coli_warp_max(top));
+}
+
 /* A warp's slice of x: a lane's VPL values from column k0 into v; returns the
- * slice's power of two (v = x 2^(30 - ex), int4 2^(26 - ex), of its largest |x| <
- * 2^ex). */
+ * slice's power of two (dmma_slice_power). */
 template <int FORMAT, int VPL>
 __device__ inline dmma_power dmma_slice(const float *x, int k0, int lane, float (&v)[VPL]) {
 #pragma unroll
@@ -215,10 +223,7 @@ __device__ inline dmma_power dmma_slice(const float *x, int k0, int lane, float 
         const float4 f = COLI_LOAD_FRESH((const float4 *)(x + k0 + VPL * lane) + j);
         v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
     }
-    uint32_t top = 0;
-#pragma unroll
-    for (int j = 0; j < VPL; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
-    return dmma_power_of<FORMAT>(coli_warp_max(top));
+    return dmma_slice_power<FORMAT, VPL>(v);
 }
 
 /* A lane's runs of the slice as digits into the warp's patch: a row of words a

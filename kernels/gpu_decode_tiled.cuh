@@ -84,10 +84,7 @@ __global__ void __launch_bounds__(NW * WARP, 1)
         v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
     }
     __syncwarp(); /* the slice is read before its digits overwrite it */
-    uint32_t top = 0;
-#pragma unroll
-    for (int j = 0; j < shape::vpl; j++) top = max(top, as_bits(v[j]) & 0x7FFFFFFFu);
-    const dmma_power e = dmma_power_of<COLI_FMT_Q4>(coli_warp_max(top));
+    const dmma_power e = dmma_slice_power<COLI_FMT_Q4, shape::vpl>(v);
     dmma_put_digits<COLI_FMT_Q4, shape::vpl, shape::digit_words, 4>(v, e, lane, patch);
     __syncwarp();
 
