@@ -74,9 +74,13 @@ static inline std::string bench_check_only(const std::string &list, const std::v
     return "";
 }
 
-/* COLI_BENCH_S1: unset, 0 or 1. */
-static inline std::string bench_check_s1(const std::string &value) {
-    return value == "0" || value == "1" ? "" : "COLI_BENCH_S1: '" + value + "' is not 0 or 1 (1: time S = 1 only)";
+/* A switch (COLI_BENCH_S1, COLI_BENCH_TILE): unset, 0 or 1; `meaning` says what 1 does. */
+static inline std::string bench_check_switch(const std::string &name, const std::string &value, const std::string &meaning) {
+    return value == "0" || value == "1" ? "" : name + ": '" + value + "' is not 0 or 1 (1: " + meaning + ")";
+}
+static inline std::string bench_check_s1(const std::string &value) { return bench_check_switch("COLI_BENCH_S1", value, "time S = 1 only"); }
+static inline std::string bench_check_tile(const std::string &value) {
+    return bench_check_switch("COLI_BENCH_TILE", value, "int4 tile by tile at every width, decode tiled variants only");
 }
 
 #endif

@@ -5,7 +5,9 @@
  * whose names contain one of these; COLI_BENCH_SHAPES=RxC,... these shapes
  * instead of the three decode shapes (bench_env.h says what each allows; a wrong
  * value stops the run with exit status 2); `gpu_matmul_bench profile` runs each
- * S = 1 matmul once, untimed, for a profiler.
+ * S = 1 matmul once, untimed, for a profiler. COLI_BENCH_TILE=1 stores int4 tile by
+ * tile at every width it can (rows of whole 32s, groups of 32, sm_90) and times
+ * only the decode tiled variants there, the pick included where it takes them.
  *
  * Method (METHOD.md of the device tool): weights rotate over copies larger than
  * L2, so every launch reads HBM; 100 launches are captured in a CUDA graph and
@@ -190,6 +192,7 @@ struct variant {
     const char *name;
     int64_t s;
     launcher_fn f32, q8, q4;
+    int64_t cols = 0, rows_of = 1; /* the only width it takes (0: any), rows a multiple of rows_of */
 };
 
 static float *g_bench_planes; /* x's digits for the mma variants: s * cols floats */
@@ -266,6 +269,27 @@ template <int FORMAT, int NW, int CH, int RT, int RR, int MINB> constexpr launch
                                     dmma_fn<COLI_FMT_Q8, NW, CH, RT, RR, MINB>(), dmma_fn<COLI_FMT_Q4, NW, CH, RT, RR, MINB>()}
 #define TILE(BM, S) {"tile BM" #BM, S, launch_tile<COLI_FMT_F32, BM>, launch_tile<COLI_FMT_Q8, BM>, \
                      launch_tile<COLI_FMT_Q4, BM>}
+/* decode_tiled_kernel in one form: int4 stored tile by tile, its own width only */
+template <int NW, int CH, int D, int G, int P, int PRE>
+static void tiled_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
+    launch_decode_tiled<NW, CH, D, G, P, PRE>(w, dx, dy, stream);
+    static bool told = false; /* once (after the launch has raised its shared memory): how many clusters fit at once */
+    if (!told && P > 1) {
+        told = true;
+        cudaLaunchConfig_t config = {};
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = P, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+        config.gridDim = dim3((unsigned)(w->rows / 32)), config.blockDim = dim3(NW * WARP);
+        config.dynamicSmemBytes = dtiled_shape<NW, CH, D, G, P>::shared, config.attrs = &attr, config.numAttrs = 1;
+        int n = -1;
+        CHECK(cudaOccupancyMaxActiveClusters(&n, (const void *)decode_tiled_kernel<NW, CH, D, G, P, PRE>, &config));
+        printf("{\"kernel\": \"decode tiled W%d C%d D%d G%d P%d pre%d\", \"clusters_at_once\": %d, \"clusters\": %lld}\n", NW, CH,
+               D, G, P, PRE, n, (long long)(w->rows / (32 * P)));
+    }
+}
+#define TILED(NW, CH, D, G, P, PRE) {"decode tiled W" #NW " C" #CH " D" #D " G" #G " P" #P " pre" #PRE, 1, nullptr, nullptr, \
+                                     tiled_variant<NW, CH, D, G, P, PRE>, dtiled_shape<NW, CH, D, G, P>::cols, dtiled_shape<NW, CH, D, G, P>::rows}
 static const variant VARIANTS[] = {
     GEMV(1, 2, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 2, 1),
     {"auto unchained", 1, unchained, unchained, unchained},
@@ -286,6 +310,12 @@ static const variant VARIANTS[] = {
     DMMA(16, 2, 2, 1, 1), DMMA(16, 2, 3, 1, 1), DMMA(16, 2, 4, 1, 1), DMMA(16, 2, 4, 2, 1), DMMA(16, 2, 5, 2, 1),
     DMMA(16, 2, 5, 3, 1), DMMA(16, 2, 6, 3, 1), DMMA(12, 2, 3, 1, 1), DMMA(12, 2, 4, 1, 1), DMMA(12, 2, 5, 2, 1),
     DMMA(12, 2, 4, 2, 1),
+    /* decode_tiled_kernel (int4 tile by tile): each width's pick, the blocks alone, and the forms the
+     * twenty-second pass measured next best; 4096 columns with COLI_BENCH_TILE=1 only */
+    TILED(14, 4, 6, 2, 2, 1), TILED(14, 8, 8, 2, 1, 1), TILED(14, 4, 10, 2, 2, 2), TILED(7, 4, 16, 2, 4, 1),
+    TILED(12, 4, 12, 4, 2, 1), TILED(12, 8, 8, 2, 1, 1), TILED(12, 4, 8, 2, 2, 2),
+    TILED(16, 4, 4, 2, 1, 1), TILED(16, 4, 6, 2, 1, 1), TILED(16, 2, 4, 2, 2, 1),
+    TILED(16, 2, 4, 2, 1, 1), TILED(8, 2, 4, 2, 2, 1), TILED(4, 2, 8, 2, 4, 1),
 };
 
 /* COLI_BENCH_ONLY=a,b: only the variants whose names contain one of these */
@@ -374,6 +404,7 @@ int main(int argc, char **argv) {
     if (const char *e = getenv("COLI_BENCH_SHAPES"); err.empty() && e && *e) err = bench_parse_shapes(e, shapes);
     if (const char *e = getenv("COLI_BENCH_ONLY"); err.empty() && e && *e) err = bench_check_only(e, variant_names);
     if (const char *e = getenv("COLI_BENCH_S1"); err.empty() && e && *e) err = bench_check_s1(e);
+    if (const char *e = getenv("COLI_BENCH_TILE"); err.empty() && e && *e) err = bench_check_tile(e);
     if (!err.empty()) {
         fprintf(stderr, "gpu_matmul_bench: %s\n", err.c_str());
         return 2;
@@ -386,6 +417,7 @@ int main(int argc, char **argv) {
     const char *names[] = {"f32", "int8", "int4"};
     /* COLI_BENCH_S1=1: decode (S = 1) only, for a quick sweep of its variants */
     const bool s1_only = getenv("COLI_BENCH_S1") && strcmp(getenv("COLI_BENCH_S1"), "1") == 0;
+    const bool tile_all = getenv("COLI_BENCH_TILE") && strcmp(getenv("COLI_BENCH_TILE"), "1") == 0;
     const std::vector<int64_t> sizes = s1_only ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8, 16, 64, 256};
     int failures = 0;
     for (const auto &sh : shapes)
@@ -397,7 +429,9 @@ int main(int argc, char **argv) {
             w.cols = sh[1];
             w.group = w.format == COLI_FMT_Q4 ? 32 : 0;
             /* random data: any order is valid; the tile layout where the backend would choose it */
-            w.layout = tile_layout_fits(w.format, w.rows, w.cols, w.group) ? TILE_LAYOUT
+            const bool tile_forced = tile_all && w.format == COLI_FMT_Q4 && w.rows % 32 == 0 && cc_major() >= 9 &&
+                                     !tile_layout_fits(w.format, w.rows, w.cols, w.group); /* the pick would not take it */
+            w.layout = tile_forced || tile_layout_fits(w.format, w.rows, w.cols, w.group) ? TILE_LAYOUT
                        : mma_layout(w.format, w.cols, w.group)             ? MMA_LAYOUT
                                                                            : 0;
             size_t qb, sb;
@@ -458,7 +492,7 @@ int main(int argc, char **argv) {
             };
             /* chained calls, each one's x the last one's y (square shapes): the early
              * launches must wait for it; against the simple kernel's chain */
-            if (w.rows == w.cols && !profile)
+            if (w.rows == w.cols && !profile && !tile_forced)
                 for (int64_t s : {(int64_t)1, (int64_t)8, (int64_t)64}) {
                     float *buf[2][2] = {{x, y}, {ref, planes}};
                     float *scratch;
@@ -511,11 +545,17 @@ int main(int argc, char **argv) {
                     cudaFree(scratch);
                 }
             for (int64_t s : sizes)
-                if (!profile || s == 1) report("auto", s, nullptr);
-            for (const variant &v : VARIANTS)
-                if (pick(v, w.format) && (!s1_only || v.s == 1) && (!profile || v.s == 1) && chosen(v.name) &&
-                    (w.layout != TILE_LAYOUT || strncmp(v.name, "auto", 4) == 0)) /* the variants read the mma layout */
+                if ((!profile || s == 1) && !tile_forced) report("auto", s, nullptr);
+            for (const variant &v : VARIANTS) {
+                /* the tiled variants read the tile layout, at their own width; the rest (the pick's
+                 * "auto" aside) the mma layout, and with COLI_BENCH_TILE=1 they are not timed */
+                const bool tiled = strncmp(v.name, "decode tiled", 12) == 0;
+                const bool reads = tiled ? w.layout == TILE_LAYOUT && w.cols == v.cols && w.rows % v.rows_of == 0
+                                         : w.layout != TILE_LAYOUT || strncmp(v.name, "auto", 4) == 0;
+                if (pick(v, w.format) && (!s1_only || v.s == 1) && (!profile || v.s == 1) && chosen(v.name) && reads &&
+                    (!tile_all || tiled))
                     report(v.name, v.s, pick(v, w.format));
+            }
             for (auto &c : ws) {
                 cudaFree(c.q);
                 if (c.scale) cudaFree(c.scale);

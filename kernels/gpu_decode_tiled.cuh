@@ -17,9 +17,16 @@
  *     asked for, by a bulk copy into the warp's patch: x's 4 bytes a column are a
  *     fifth of a block's bytes at 4096 rows, and behind the whole ring they held up
  *     the sums (twenty-first pass: 4096 x 14336 12.7 -> 11.6 us).
+ *   - At 12288 and 14336 columns the blocks work in clusters of two (P): a cluster
+ *     takes four tiles, and each block sums all four over half of every row, so
+ *     that it takes in half of x. The two blocks' sums of a row meet in the block
+ *     that writes it, through distributed shared memory, in a fixed order. Clusters
+ *     of four need 32 at once where 30 fit (two waves); at 8192 columns and below
+ *     pairs were slower (twenty-second pass).
  *   - The warps' sums meet in shared memory in a fixed order (dmma_meet).
- * Measured on the H200 (twenty-first pass), int4 4096 rows, against the pick before:
- * 8192 columns 5.8-6.3 us (8.2), 12288 9.7 (11.1), 14336 11.5-11.6 (12.1). */
+ * Measured on the H200, int4 4096 rows, against the pick before: 8192 columns
+ * 5.8-6.3 us (8.2, twenty-first pass), 12288 8.9 (9.7 alone, 11.1 before), 14336
+ * 10.4 (11.5 alone, 12.1 before; twenty-second pass). */
 #ifndef COLI_GPU_DECODE_TILED_CUH
 #define COLI_GPU_DECODE_TILED_CUH
 
@@ -27,32 +34,61 @@
 #define TILED_W 1024 /* an item's W bytes */
 #define TILED_S 256  /* and its scales' */
 
-template <int NW, int CH, int D, int G> struct dtiled_shape {
-    static constexpr int cols = NW * CH * 128, rows = 32, chunks = NW * CH; /* two tiles a block */
-    static constexpr int vpl = CH * 128 / WARP;                             /* x values a lane cuts */
-    static constexpr int groups = 2 * CH / G, ring_groups = D / G;          /* a warp's copy groups; in its ring */
-    static constexpr int digit_words = CH * 32 + 4;                         /* as decode_mma_kernel's int4 patch */
+/* A cluster's blocks meet (barrier.cluster): every thread arrives, then waits.
+ * Relaxed, the arrival orders nothing; with release, the thread's writes before
+ * it are seen by every thread of the cluster after its wait. */
+__device__ inline void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ inline void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ inline void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+/* v to `at` in the shared memory of the cluster's block `rank` (at: this block's address of the same place) */
+__device__ inline void cluster_store(float *at, int rank, float v) {
+    uint32_t there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(there) : "r"((uint32_t)__cvta_generic_to_shared(at)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(there), "f"(v) : "memory");
+}
+
+template <int NW, int CH, int D, int G, int P> struct dtiled_shape {
+    /* a cluster of P blocks takes 2 P tiles (32 rows a block, one an SM); block r of
+     * it sums every tile over its P-th of the columns, and writes rows 32 r .. of its
+     * cluster's from the P blocks' sums (P = 1: two tiles, the whole row) */
+    static constexpr int tiles = 2 * P, rows = 32 * P, part_rows = 16 * tiles, chunks = P * NW * CH;
+    static constexpr int cols = chunks * 128;
+    static constexpr int vpl = CH * 128 / WARP;                                 /* x values a lane cuts */
+    static constexpr int groups = tiles * CH / G, ring_groups = D / G;          /* a warp's copy groups; in its ring */
+    static constexpr int digit_words = CH * 32 + 4;                             /* as decode_mma_kernel's int4 patch */
     static constexpr size_t slot_group = (size_t)G * (TILED_W + TILED_S);
     static constexpr size_t ring_bytes = (size_t)NW * ring_groups * slot_group;
-    static constexpr size_t bar_bytes = (size_t)NW * (ring_groups + 1) * 8; /* the slots' and x's */
+    static constexpr size_t bar_bytes = ((size_t)NW * (ring_groups + 1) * 8 + 15) / 16 * 16; /* the slots' and x's; x's patch after them 16-byte aligned */
     static constexpr size_t x_bytes = (size_t)NW * 4 * digit_words * 4;
-    static constexpr size_t part_bytes = (size_t)NW * rows * 4;
-    static constexpr size_t shared = ring_bytes + bar_bytes + x_bytes + part_bytes;
+    static constexpr size_t part_bytes = (size_t)NW * part_rows * 4;
+    static constexpr size_t meet_bytes = P > 1 ? (size_t)P * 32 * 4 : 0; /* the P blocks' sums of this block's rows */
+    static constexpr size_t shared = ring_bytes + bar_bytes + x_bytes + part_bytes + meet_bytes;
     static_assert(CH % G == 0 && D % G == 0 && ring_groups >= 2 && ring_groups <= groups && vpl % 8 == 0,
                   "whole copy groups of one tile, two at least in flight; lanes cut whole runs of 8 columns");
     static_assert(4 * digit_words * 4 >= vpl * WARP * 4, "x's slice fits the warp's patch it is cut into");
+    static_assert(P == 1 || P == 2 || P == 4, "clusters of 1, 2 or 4 blocks");
+    /* Block b's warp w: the first of copy group k's G items, where its slice of x
+     * starts, and the row its thread j < 32 writes (tests/c/gpu_mma_check.cu checks
+     * that these cover every item and row once, each item with its slice of x). */
+    __host__ __device__ static int unit(int64_t b, int w) { return (int)(b % P) * NW + w; } /* the warp's CH chunks of a row */
+    __host__ __device__ static int64_t item(int64_t b, int w, int k) {
+        return (b / P * tiles + k * G / CH) * chunks + unit(b, w) * CH + k * G % CH;
+    }
+    __host__ __device__ static int x_at(int64_t b, int w) { return unit(b, w) * CH * 128; }
+    __host__ __device__ static int64_t out_row(int64_t b, int j) { return b / P * rows + (int)(b % P) * 32 + j; }
 };
 
-template <int NW, int CH, int D, int G>
+template <int NW, int CH, int D, int G, int P, int PRE>
 __global__ void __launch_bounds__(NW * WARP, 1)
     decode_tiled_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
                         const float *__restrict__ x, float *__restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using shape = dtiled_shape<NW, CH, D, G>;
+    using shape = dtiled_shape<NW, CH, D, G, P>;
     extern __shared__ __align__(128) uint8_t dtiled_shared[];
     coli_allow_next_grid();
     const int lane = (int)threadIdx.x % WARP, warp = (int)threadIdx.x / WARP, g = lane / 4, t = lane % 4;
-    const int64_t row0 = (int64_t)blockIdx.x * shape::rows, tile0 = row0 / 16;
+    const int rank = (int)blockIdx.x % P;
     uint8_t *ring = dtiled_shared + (size_t)warp * shape::ring_groups * shape::slot_group;
     uint64_t *bar = (uint64_t *)(dtiled_shared + shape::ring_bytes) + warp * (shape::ring_groups + 1), *xbar = bar + shape::ring_groups;
     uint32_t *patch = (uint32_t *)(dtiled_shared + shape::ring_bytes + shape::bar_bytes) + warp * 4 * shape::digit_words;
@@ -61,20 +97,23 @@ __global__ void __launch_bounds__(NW * WARP, 1)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncwarp();
+    if constexpr (P > 1) cluster_arrive_relaxed(); /* waited for before the first write to another block */
     auto copy = [&](int k) { /* copy group k: the warp's items G k .. G k + G - 1, of one tile */
-        const int i = k * G / CH, c0 = k * G % CH, slot = k % shape::ring_groups;
-        const int64_t item = (tile0 + i) * shape::chunks + warp * CH + c0;
+        const int slot = k % shape::ring_groups;
+        const int64_t item = shape::item(blockIdx.x, warp, k);
         uint8_t *to = ring + slot * shape::slot_group;
         stage_expect(&bar[slot], (uint32_t)shape::slot_group);
         stage_copy(to, q + item * TILED_W, G * TILED_W, &bar[slot]);
         stage_copy(to + G * TILED_W, (const uint8_t *)scale + item * TILED_S, G * TILED_S, &bar[slot]);
     };
-    if (lane == 0) copy(0);
+    static_assert(PRE >= 0 && PRE <= shape::ring_groups, "copy groups before the wait: at most the ring");
+    if (lane == 0)
+        for (int k = 0; k < PRE; k++) copy(k);
     coli_wait_prior_grid(); /* x is the last call's from here on */
     if (lane == 0) {
         stage_expect(xbar, (uint32_t)(shape::vpl * WARP * 4));
-        stage_copy(patch, x + warp * CH * 128, shape::vpl * WARP * 4, xbar);
-        for (int k = 1; k < shape::ring_groups; k++) copy(k);
+        stage_copy(patch, x + shape::x_at(blockIdx.x, warp), shape::vpl * WARP * 4, xbar);
+        for (int k = PRE; k < shape::ring_groups; k++) copy(k);
     }
     stage_wait(xbar, 0);
     float v[shape::vpl];
@@ -88,10 +127,10 @@ __global__ void __launch_bounds__(NW * WARP, 1)
     dmma_put_digits<COLI_FMT_Q4, shape::vpl, shape::digit_words, 4>(v, e, lane, patch);
     __syncwarp();
 
-    float accf[2][4] = {};
+    float accf[shape::tiles][4] = {};
     const int from[4] = {FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS, FLOAT_SUM_BITS};
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < shape::tiles; i++)
 #pragma unroll 1
         for (int kk = 0; kk < CH / G; kk++) { /* a tile's copy groups: rolled, so that accf stays in registers */
             const int k = i * (CH / G) + kk;
@@ -139,35 +178,57 @@ __global__ void __launch_bounds__(NW * WARP, 1)
 
     float *part = (float *)(dtiled_shared + shape::ring_bytes + shape::bar_bytes + shape::x_bytes);
 #pragma unroll
-    for (int i = 0; i < 2; i++) dmma_put_rows<COLI_FMT_Q4>(accf[i], e, t, part, warp * shape::rows + 16 * i + g);
+    for (int i = 0; i < shape::tiles; i++) dmma_put_rows<COLI_FMT_Q4>(accf[i], e, t, part, warp * shape::part_rows + 16 * i + g);
     __syncthreads();
-    const int64_t my_row = row0 + (int64_t)threadIdx.x;
-    if ((int)threadIdx.x < shape::rows && my_row < rows) y[my_row] = dmma_meet<NW, shape::rows>(part, threadIdx.x) * 0.0625f;
+    const int j = (int)threadIdx.x;
+    const int64_t my_row = shape::out_row(blockIdx.x, j);
+    if constexpr (P == 1) {
+        if (j < 32 && my_row < rows) y[my_row] = dmma_meet<NW, 32>(part, j) * 0.0625f;
+    } else { /* row j's sum over this block's columns, to the block that writes it; then each row's P sums in order */
+        float *meet = (float *)(dtiled_shared + shape::ring_bytes + shape::bar_bytes + shape::x_bytes + shape::part_bytes);
+        cluster_wait(); /* every block of the cluster has started: its shared memory is there */
+        if (j < shape::part_rows) cluster_store(meet + rank * 32 + j % 32, j / 32, dmma_meet<NW, shape::part_rows>(part, j));
+        cluster_arrive_release();
+        cluster_wait();
+        if (j < 32 && my_row < rows) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < P; k++) s += meet[k * 32 + j];
+            y[my_row] = s * 0.0625f;
+        }
+    }
 #else
     (void)q, (void)scale, (void)rows, (void)x, (void)y;
     __trap(); /* launched on sm_90 only (tile_layout_fits) */
 #endif
 }
 
-template <int NW, int CH, int D, int G>
+template <int NW, int CH, int D, int G, int P, int PRE = 1>
 static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    using shape = dtiled_shape<NW, CH, D, G>;
+    using shape = dtiled_shape<NW, CH, D, G, P>;
     static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's ring, x's digits and sums fit its shared memory");
-    const auto kernel = decode_tiled_kernel<NW, CH, D, G>;
+    const auto kernel = decode_tiled_kernel<NW, CH, D, G, P, PRE>;
     static bool raised = false;
     allow_sm_shared(kernel, (int)shape::shared, raised);
-    launch_early(chain_calls(), kernel, dim3((unsigned)(w->rows / shape::rows)), dim3(NW * WARP), shape::shared, stream,
-                 (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
+    launch_clustered(chain_calls(), P, kernel, dim3((unsigned)(w->rows / shape::rows * P)), dim3(NW * WARP), shape::shared,
+                     stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
 }
 
 /* The widths decode_tiled_kernel takes, each with the form that measured best
- * (twenty-first pass: warps x chunks a warp, items in a warp's ring, a copy). */
+ * (twenty-first and twenty-second passes: warps x chunks a warp, items in a warp's
+ * ring, a copy, blocks a cluster): at 12288 and 14336 columns clusters of two, each
+ * block half of every row (x's bytes an SM halved: 4096 x 14336 11.5 -> 10.4 us,
+ * x 12288 9.7 -> 8.9); at 8192 the blocks alone (clusters measured 6.5 against 6.3).
+ * Rows that are not whole clusters take the blocks alone. */
 static bool tiled_width(int64_t cols) { return cols == 8192 || cols == 12288 || cols == 14336; }
 
 static void launch_decode_tiled_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    if (w->cols == 8192) launch_decode_tiled<16, 4, 4, 2>(w, dx, dy, stream);
-    else if (w->cols == 12288) launch_decode_tiled<12, 8, 8, 2>(w, dx, dy, stream);
-    else launch_decode_tiled<14, 8, 8, 2>(w, dx, dy, stream);
+    const bool pairs = w->rows % 64 == 0;
+    if (w->cols == 8192) launch_decode_tiled<16, 4, 4, 2, 1>(w, dx, dy, stream);
+    else if (w->cols == 12288 && pairs) launch_decode_tiled<12, 4, 12, 4, 2>(w, dx, dy, stream);
+    else if (w->cols == 12288) launch_decode_tiled<12, 8, 8, 2, 1>(w, dx, dy, stream);
+    else if (pairs) launch_decode_tiled<14, 4, 6, 2, 2>(w, dx, dy, stream);
+    else launch_decode_tiled<14, 8, 8, 2, 1>(w, dx, dy, stream);
 }
 #endif
 

@@ -1170,25 +1170,34 @@ template <typename Kernel> static void allow_sm_shared(Kernel kernel, int bytes,
 
 /* Launches a kernel that, when `early` (and on sm_90), may start while the one
  * before it runs: it waits for that one before it reads its output
- * (coli_wait_prior_grid). Otherwise plainly. */
+ * (coli_wait_prior_grid). Otherwise plainly. `cluster` > 1 (sm_90 only): the
+ * blocks in clusters of that many, early or not. */
 template <typename... Params, typename... Args>
-static void launch_early(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
-                         cudaStream_t stream, Args... args) {
+static void launch_clustered(bool early, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                             cudaStream_t stream, Args... args) {
 #if COLI_HAS_PDL
-    if (early && cc_major() >= 9) {
+    if ((early || cluster > 1) && cc_major() >= 9) {
         cudaLaunchConfig_t config = {};
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = early;
+        attr[1].id = cudaLaunchAttributeClusterDimension;
+        attr[1].val.clusterDim.x = cluster, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
         config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = shared, config.stream = stream;
-        config.attrs = &attr, config.numAttrs = 1;
+        config.attrs = attr, config.numAttrs = cluster > 1 ? 2 : 1;
         (void)cudaLaunchKernelEx(&config, kernel, ((Params)args)...);
         return;
     }
 #else
-    (void)early;
+    (void)early, (void)cluster;
 #endif
     kernel<<<grid, block, shared, stream>>>(((Params)args)...);
+}
+
+template <typename... Params, typename... Args>
+static void launch_early(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                         cudaStream_t stream, Args... args) {
+    launch_clustered(early, 1, kernel, grid, block, shared, stream, args...);
 }
 
 template <int FORMAT> static int decode_pieces(const coli_weight *w) {
@@ -1353,7 +1362,8 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
  *   int4 S = 1 stored tile by tile (tile_layout_fits: sm_90, 4096 rows of 8192,
  *              12288 or 14336 columns, one wave of blocks of 32): decode_tiled_kernel
- *              (gpu_decode_tiled.cuh); those weights take the mma kernel and
+ *              (gpu_decode_tiled.cuh; 12288 and 14336 in clusters of two blocks
+ *              where the rows are whole clusters); those weights take the mma kernel and
  *              gemm_kernel below for more tokens, as int4 in the mma layout does.
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
  *              sm_90, rows of 2048 (int8), 3072, 4096 or 8192 columns, up to

@@ -1,5 +1,5 @@
 // bench/bench_env.h on the host: `bench_env_check shapes LIST`, `only LIST NAME...`
-// or `s1 VALUE` prints what the bench would take ("shapes R C; R C"), or the error
+// `s1 VALUE` or `tile VALUE` prints what the bench would take ("shapes R C; R C"), or the error
 // line and exit status 2, as the bench does.
 #include "bench_env.h"
 
@@ -22,6 +22,8 @@ int main(int argc, char **argv) {
         err = bench_check_only(argv[2], std::vector<std::string>(argv + 3, argv + argc));
     } else if (strcmp(argv[1], "s1") == 0) {
         err = bench_check_s1(argv[2]);
+    } else if (strcmp(argv[1], "tile") == 0) {
+        err = bench_check_tile(argv[2]);
     } else {
         return 64;
     }

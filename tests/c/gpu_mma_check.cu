@@ -11,7 +11,9 @@
  * units and its sums put together hold (check_gemm_pieces); and decode_mma_kernel's
  * slice of x, its operands and its sums put together make the dot product
  * (check_decode_mma); and the tile layout holds the same values where
- * decode_tiled_kernel, mma_kernel and gemm_kernel read them (check_tile_layout).
+ * decode_tiled_kernel, mma_kernel and gemm_kernel read them (check_tile_layout),
+ * and decode_tiled_kernel's blocks, alone or in clusters, take every item and
+ * write every row once (check_tiled_cover).
  * Exit 0 when all hold. */
 #include "gpu_compat.h"
 #include "backend_common.h"
@@ -156,6 +158,46 @@ static void check_tile_layout() {
                 }
             }
         }
+}
+
+/* decode_tiled_kernel's blocks, P to a cluster, at `rows` rows of the form's width
+ * (dtiled_shape): every item (a 16-row tile's chunk) is copied by one warp alone,
+ * as the tile its copy group sums into, with the slice of x of the chunk's columns
+ * where the sums take that chunk, in a block of the cluster that holds the tile;
+ * and every row is written once, by the block its cluster's sums meet in. */
+template <int NW, int CH, int D, int G, int P> static void check_tiled_cover(int64_t rows) {
+    using shape = dtiled_shape<NW, CH, D, G, P>;
+    const int64_t chunks = shape::chunks, tiles = rows / 16, blocks = rows / shape::rows * P;
+    std::vector<int> copied((size_t)(tiles * chunks)), written((size_t)rows);
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int w = 0; w < NW; w++)
+            for (int k = 0; k < shape::groups; k++)
+                for (int m = 0; m < G; m++) {
+                    const int64_t item = shape::item(b, w, k) + m, tile = item / chunks, chunk = item % chunks;
+                    const int c = k % (CH / G) * G + m; /* the chunk of the warp's slice the sums take */
+                    if (item < 0 || item >= tiles * chunks) {
+                        EXPECT(false, "tiled P%d: block %lld warp %d group %d: item %lld past the weight", P, (long long)b, w, k,
+                               (long long)item);
+                        continue;
+                    }
+                    copied[(size_t)item]++;
+                    EXPECT(tile == b / P * shape::tiles + k / (CH / G) && chunk * 128 == shape::x_at(b, w) + 128 * c,
+                           "tiled P%d: block %lld warp %d group %d: item (%lld, %lld) is not its tile's or its x's", P,
+                           (long long)b, w, k, (long long)tile, (long long)chunk);
+                }
+        for (int j = 0; j < 32; j++) {
+            const int64_t row = shape::out_row(b, j);
+            if (row >= 0 && row < rows) written[(size_t)row]++;
+        }
+    }
+    for (int64_t b = 0; b < blocks; b += P) /* row j of a cluster's sums meets in block j / 32, as thread j % 32 */
+        for (int j = 0; j < shape::part_rows; j++)
+            EXPECT(shape::out_row(b + j / 32, j % 32) == (b / P * shape::tiles + j / 16) * 16 + j % 16,
+                   "tiled P%d: cluster %lld's row %d meets where another row is written", P, (long long)(b / P), j);
+    for (size_t i = 0; i < copied.size(); i++)
+        EXPECT(copied[i] == 1, "tiled P%d: item %zu copied %d times", P, i, copied[i]);
+    for (size_t r = 0; r < written.size(); r++)
+        EXPECT(written[r] == 1, "tiled P%d: row %zu written %d times", P, r, written[r]);
 }
 
 /* One block of 16 rows and a pair of tokens, as mma_kernel forms it. */
@@ -532,6 +574,12 @@ int main() {
     check_slices();
     check_layout();
     check_tile_layout();
+    check_tiled_cover<16, 4, 4, 2, 1>(4096); /* the pick's forms (launch_decode_tiled_pick) */
+    check_tiled_cover<12, 4, 12, 4, 2>(4096);
+    check_tiled_cover<12, 8, 8, 2, 1>(4128);
+    check_tiled_cover<14, 4, 6, 2, 2>(4096);
+    check_tiled_cover<14, 8, 8, 2, 1>(4128);
+    check_tiled_cover<7, 4, 16, 2, 4>(4096); /* clusters of 4 (measured, not picked) */
     check_block<COLI_FMT_Q8>(3);
     check_block<COLI_FMT_Q4>(3);
     check_decode<COLI_FMT_Q8>(16 * 45);  /* a run of 32 pieces and one of 13 */

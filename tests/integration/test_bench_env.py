@@ -94,6 +94,17 @@ def test_s1_is_0_or_1(check_exe: Path, value: str, code: int) -> None:
         assert proc.stderr.strip() == f"COLI_BENCH_S1: '{value}' is not 0 or 1 (1: time S = 1 only)"
 
 
+@pytest.mark.parametrize(("value", "code"), [("1", 0), ("0", 0), ("on", 2), ("", 2)])
+def test_tile_is_0_or_1(check_exe: Path, value: str, code: int) -> None:
+    proc = run(check_exe, "tile", value)
+    assert proc.returncode == code
+    if code:
+        assert proc.stderr.strip() == (
+            f"COLI_BENCH_TILE: '{value}' is not 0 or 1 "
+            "(1: int4 tile by tile at every width, decode tiled variants only)"
+        )
+
+
 def test_the_bench_refuses_bad_settings_before_it_needs_a_gpu(gen_dir: Path, tmp_path: Path) -> None:
     need_tool("nvcc")
     exe = tmp_path / "gpu_matmul_bench"
@@ -106,6 +117,7 @@ def test_the_bench_refuses_bad_settings_before_it_needs_a_gpu(gen_dir: Path, tmp
         ({"COLI_BENCH_SHAPES": "4096x"}, [], "gpu_matmul_bench: COLI_BENCH_SHAPES: '4096x' is not a shape"),
         ({"COLI_BENCH_ONLY": "decode bulkk"}, [], "gpu_matmul_bench: COLI_BENCH_ONLY: 'decode bulkk' is part of no"),
         ({"COLI_BENCH_S1": "yes"}, [], "gpu_matmul_bench: COLI_BENCH_S1: 'yes' is not 0 or 1"),
+        ({"COLI_BENCH_TILE": "2"}, [], "gpu_matmul_bench: COLI_BENCH_TILE: '2' is not 0 or 1"),
         ({}, ["profil"], "gpu_matmul_bench: unknown argument 'profil' (allowed: none, or `profile`)"),
     ]
     for settings, args, line in cases:
