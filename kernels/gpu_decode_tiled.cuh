@@ -59,7 +59,8 @@ template <int NW, int CH, int D, int G, int P> struct dtiled_shape {
     static constexpr int digit_words = CH * 32 + 4;                             /* as decode_mma_kernel's int4 patch */
     static constexpr size_t slot_group = (size_t)G * (TILED_W + TILED_S);
     static constexpr size_t ring_bytes = (size_t)NW * ring_groups * slot_group;
-    static constexpr size_t bar_bytes = ((size_t)NW * (ring_groups + 1) * 8 + 15) / 16 * 16; /* the slots' and x's; x's patch after them 16-byte aligned */
+    /* the slots' mbarriers and x's, rounded so that x's patch after them is 16-byte aligned */
+    static constexpr size_t bar_bytes = ((size_t)NW * (ring_groups + 1) * 8 + 15) / 16 * 16;
     static constexpr size_t x_bytes = (size_t)NW * 4 * digit_words * 4;
     static constexpr size_t part_bytes = (size_t)NW * part_rows * 4;
     static constexpr size_t meet_bytes = P > 1 ? (size_t)P * 32 * 4 : 0; /* the P blocks' sums of this block's rows */
