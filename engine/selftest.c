@@ -33,10 +33,11 @@
  * fill an H200's 132 multiprocessors), cut by the row and token ends, with 1
  * chunk (fewer than the stages in flight) and an odd number of them; and the
  * simple kernel, for rows that are not whole chunks or pieces; int4 stored tile by
- * tile (sm_90, 4096 rows of 8192, 12288 and 14336 columns): decode_tiled_kernel
- * at each width (12288 and 14336 in clusters of two blocks; 4128 rows, not whole
- * clusters, in blocks alone), and those weights in mma_kernel (3 tokens) and
- * gemm_kernel (17). */
+ * tile (sm_90, 2048-8192 rows of 12288 and 14336 columns, 4096-8192 of 8192):
+ * decode_tiled_kernel at each width (12288 and 14336 in clusters of two blocks, 32
+ * of them at 2048 rows and 96, more than fit at once, at 6144; 4128 rows, not whole
+ * clusters, in blocks alone; 8192 x 8192 in two waves), and those weights in
+ * mma_kernel (3 tokens) and gemm_kernel (17). */
 typedef struct shape { int64_t rows, cols, s; int32_t group; } shape;
 static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 1, 32}, {8200, 64, 1, 32},
                                {96, 256, 7, 32},  {33, 160, 4, 32},  {48, 128, 13, 32}, {130, 512, 33, 64},
@@ -48,7 +49,8 @@ static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 
                                {600, 2048, 1, 32}, {1200, 8192, 1, 32}, {5000, 4096, 1, 32}, {6000, 4096, 1, 32},
                                {4000, 3072, 1, 32}, {2000, 8192, 1, 32}, {4096, 8192, 1, 32}, {4096, 12288, 1, 32},
                                {4096, 14336, 1, 32}, {4096, 8192, 3, 32}, {4096, 8192, 17, 32}, {4128, 12288, 1, 32},
-                               {4128, 14336, 1, 32}};
+                               {4128, 14336, 1, 32}, {2048, 14336, 1, 32}, {2048, 12288, 3, 32}, {6144, 12288, 1, 32},
+                               {8192, 8192, 1, 32}};
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;

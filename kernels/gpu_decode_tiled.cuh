@@ -26,7 +26,8 @@
  *   - The warps' sums meet in shared memory in a fixed order (dmma_meet).
  * Measured on the H200, int4 4096 rows, against the pick before: 8192 columns
  * 5.8-6.3 us (8.2, twenty-first pass), 12288 8.9 (9.7 alone, 11.1 before), 14336
- * 10.4 (11.5 alone, 12.1 before; twenty-second pass). */
+ * 10.4 (11.5 alone, 12.1 before; twenty-second pass); at other rows (2048-8192,
+ * tile_layout_fits) 1-25% faster than in the mma layout. */
 #ifndef COLI_GPU_DECODE_TILED_CUH
 #define COLI_GPU_DECODE_TILED_CUH
 
@@ -215,13 +216,17 @@ static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy
                      stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
 }
 
-/* The widths decode_tiled_kernel takes, each with the form that measured best
- * (twenty-first and twenty-second passes: warps x chunks a warp, items in a warp's
- * ring, a copy, blocks a cluster): at 12288 and 14336 columns clusters of two, each
- * block half of every row (x's bytes an SM halved: 4096 x 14336 11.5 -> 10.4 us,
- * x 12288 9.7 -> 8.9); at 8192 the blocks alone (clusters measured 6.5 against 6.3).
- * Rows that are not whole clusters take the blocks alone. */
-static bool tiled_width(int64_t cols) { return cols == 8192 || cols == 12288 || cols == 14336; }
+/* The widths decode_tiled_kernel takes and, at each, the fewest rows from which
+ * the tile layout measured faster than the mma layout (twenty-second pass, run 10:
+ * at 8192 columns and 2048 rows it was 3% slower); 0 for any other width. */
+static int64_t tiled_min_rows(int64_t cols) { return cols == 8192 ? 4096 : cols == 12288 || cols == 14336 ? 2048 : 0; }
+
+/* Each width's form that measured best (twenty-first and twenty-second passes:
+ * warps x chunks a warp, items in a warp's ring, a copy, blocks a cluster): at 12288
+ * and 14336 columns clusters of two, each block half of every row (x's bytes an SM
+ * halved: 4096 x 14336 11.5 -> 10.4 us, x 12288 9.7 -> 8.9); at 8192 the blocks
+ * alone (clusters measured 6.5 against 6.3). Rows that are not whole clusters take
+ * the blocks alone. */
 
 static void launch_decode_tiled_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     const bool pairs = w->rows % 64 == 0;

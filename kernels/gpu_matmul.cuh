@@ -1272,9 +1272,10 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
 #include "gpu_decode_tiled.cuh"
 
 /* Whether an int4 weight is stored tile by tile (TILE_LAYOUT) for decode_tiled_kernel:
- * sm_90, groups of 32, a width it takes, rows of whole blocks (32) that fill one wave
- * of them and at least 4096 (the rows measured; decode_mma_kernel and decode_kernel
- * keep the rest). COLI_GPU_TILE=0 keeps the mma layout (for comparisons). */
+ * sm_90, groups of 32, a width it takes, rows of whole blocks (32) from its
+ * tiled_min_rows to 8192 (the rows measured: one token 1-25% faster than in the mma
+ * layout, 64 and 256 tokens 5-6%, 8 and 16 tokens up to 6% slower; decode_mma_kernel
+ * and decode_kernel keep the rest). COLI_GPU_TILE=0 keeps the mma layout. */
 static bool tile_layout_fits(int32_t format, int64_t rows, int64_t cols, int32_t group) {
 #if COLI_HAS_PDL
     static int off = -1;
@@ -1282,8 +1283,8 @@ static bool tile_layout_fits(int32_t format, int64_t rows, int64_t cols, int32_t
         const char *v = getenv("COLI_GPU_TILE");
         off = v && strcmp(v, "0") == 0;
     }
-    return !off && format == COLI_FMT_Q4 && group == 32 && tiled_width(cols) && rows % 32 == 0 && rows >= 4096 &&
-           rows / 32 <= sm_count() && cc_major() >= 9;
+    return !off && format == COLI_FMT_Q4 && group == 32 && tiled_min_rows(cols) > 0 && rows % 32 == 0 &&
+           rows >= tiled_min_rows(cols) && rows <= 8192 && cc_major() >= 9;
 #else
     (void)format, (void)rows, (void)cols, (void)group;
     return false;
@@ -1360,8 +1361,8 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
 
 /* Which kernel and shape each call takes: the fastest of the variants
  * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
- *   int4 S = 1 stored tile by tile (tile_layout_fits: sm_90, 4096 rows of 8192,
- *              12288 or 14336 columns, one wave of blocks of 32): decode_tiled_kernel
+ *   int4 S = 1 stored tile by tile (tile_layout_fits: sm_90, 2048-8192 rows of
+ *              12288 or 14336 columns, 4096-8192 of 8192): decode_tiled_kernel
  *              (gpu_decode_tiled.cuh; 12288 and 14336 in clusters of two blocks
  *              where the rows are whole clusters); those weights take the mma kernel and
  *              gemm_kernel below for more tokens, as int4 in the mma layout does.

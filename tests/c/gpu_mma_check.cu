@@ -579,6 +579,9 @@ int main() {
     check_tiled_cover<12, 8, 8, 2, 1>(4128);
     check_tiled_cover<14, 4, 6, 2, 2>(4096);
     check_tiled_cover<14, 8, 8, 2, 1>(4128);
+    check_tiled_cover<14, 4, 6, 2, 2>(2048); /* the rows tile_layout_fits takes beside 4096 */
+    check_tiled_cover<12, 4, 12, 4, 2>(6144);
+    check_tiled_cover<16, 4, 4, 2, 1>(8192);
     check_tiled_cover<7, 4, 16, 2, 4>(4096); /* clusters of 4 (measured, not picked) */
     check_block<COLI_FMT_Q8>(3);
     check_block<COLI_FMT_Q4>(3);
