@@ -416,11 +416,9 @@ template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
 static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     using shape = dmma_shape<FORMAT, NW, CH, RT, RR>;
     static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's W, x's digits and sums fit its shared memory");
-    const auto kernel = decode_mma_kernel<FORMAT, NW, CH, RT, RR, MINB>;
     static bool raised = false;
-    allow_sm_shared(kernel, (int)shape::shared, raised);
-    launch_early(chain_calls(), kernel, dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), dim3(NW * WARP),
-                 shape::shared, stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
+    launch_wide_blocks(decode_mma_kernel<FORMAT, NW, CH, RT, RR, MINB>, raised, 1,
+                       dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), NW * WARP, shape::shared, w, dx, dy, stream);
 }
 
 /* Tiles of 16 rows a block (T) and of them in registers (R), by rows: the blocks

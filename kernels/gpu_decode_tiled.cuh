@@ -209,11 +209,9 @@ template <int NW, int CH, int D, int G, int P, int PRE = 1>
 static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     using shape = dtiled_shape<NW, CH, D, G, P>;
     static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's ring, x's digits and sums fit its shared memory");
-    const auto kernel = decode_tiled_kernel<NW, CH, D, G, P, PRE>;
     static bool raised = false;
-    allow_sm_shared(kernel, (int)shape::shared, raised);
-    launch_clustered(chain_calls(), P, kernel, dim3((unsigned)(w->rows / shape::rows * P)), dim3(NW * WARP), shape::shared,
-                     stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, dx, dy);
+    launch_wide_blocks(decode_tiled_kernel<NW, CH, D, G, P, PRE>, raised, P, dim3((unsigned)(w->rows / shape::rows * P)),
+                       NW * WARP, shape::shared, w, dx, dy, stream);
 }
 
 /* The widths decode_tiled_kernel takes and, at each, the fewest rows from which

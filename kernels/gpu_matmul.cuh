@@ -1200,6 +1200,19 @@ static void launch_early(bool early, void (*kernel)(Params...), dim3 grid, dim3 
     launch_clustered(early, 1, kernel, grid, block, shared, stream, args...);
 }
 
+#if COLI_HAS_PDL
+/* A decode kernel over one weight's rows (q, scale, rows, x, y) whose blocks take
+ * `shared` bytes, most of an SM's (allow_sm_shared; `raised`: the kernel's own
+ * flag), launched early, in clusters of `cluster` blocks. */
+template <typename Kernel>
+static void launch_wide_blocks(Kernel kernel, bool &raised, unsigned cluster, dim3 grid, int threads, size_t shared,
+                               const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    allow_sm_shared(kernel, (int)shared, raised);
+    launch_clustered(chain_calls(), cluster, kernel, grid, dim3((unsigned)threads), shared, stream, (const uint8_t *)w->q,
+                     (const float *)w->scale, (int64_t)w->rows, dx, dy);
+}
+#endif
+
 template <int FORMAT> static int decode_pieces(const coli_weight *w) {
     return (int)(w->cols / (FORMAT == COLI_FMT_Q8 ? 16 : 32));
 }
