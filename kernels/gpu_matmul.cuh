@@ -396,6 +396,19 @@ template <int FORMAT, int RB, int NS, int TP> struct mma_shape {
     static constexpr int shared = ns * stage > reduce ? ns * stage : reduce;
 };
 
+/* int4's scales of stage st into its slot (4 a chunk: 128 bytes of each row), without committing. */
+template <int FORMAT, int RB, int NS, int TP>
+__device__ inline void mma_scale_copy(uint8_t *slot, const float *__restrict__ scale, int64_t rows, int64_t row0, int chunks,
+                                      int32_t layout, int st) {
+    using shape = mma_shape<FORMAT, RB, NS, TP>;
+    for (int i = threadIdx.x; i < shape::rows * 8; i += MMA_WARPS * WARP) {
+        const int r = i / 8, k = i % 8;
+        const int64_t row = row0 + r < rows ? row0 + r : rows - 1, sat = (int64_t)st * MMA_WARPS * 16 + 16 * k;
+        if (sat < (int64_t)chunks * 16)
+            coli_copy_async16(slot + shape::w_bytes + r * MMA_SCALE_PITCH + 16 * k, scale + q4_s_at(layout, row, sat / 16, chunks));
+    }
+}
+
 /* Stage st into its slot, without committing: W (warp w copies rows w, w + 8, ...,
  * lane l the 16 bytes at 16 l) and int4's scales, or x's digits and E for the
  * block's tokens (from 2 pair0 on; `valid` of them real). */
@@ -409,20 +422,30 @@ __device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict
     const int64_t row_bytes = (int64_t)chunks * 64;
     if constexpr (!X) {
         const int64_t at = (int64_t)st * MMA_WARPS * 64 + 16 * lane;
+        if (FORMAT == COLI_FMT_Q4 && TP > 1 && layout == TILE_LAYOUT) {
+            /* a warp's copy: 8 rows of one chunk, 512 bytes of an item side by side (a row's
+             * chunks lie 1 KB apart there): 4 to 16 tokens 1-2% faster (bench/RESULTS.md,
+             * twenty-third pass). 2 tokens (TP = 1) keep the copies row by row, their code
+             * unchanged (they came out 1-4% slower). The scales are copied here and below
+             * alike: with one copy after both, 8 and 16 tokens gained nothing. */
+#pragma unroll
+            for (int i = warp; i < shape::rows; i += MMA_WARPS) {
+                const int r = i / MMA_WARPS * 8 + lane / 4, k = i % MMA_WARPS;
+                const int64_t row = row0 + r < rows ? row0 + r : rows - 1, chunk = (int64_t)st * MMA_WARPS + k;
+                if (chunk < chunks)
+                    coli_copy_async16(slot + r * MMA_ROW_PITCH + 64 * k + 16 * (lane % 4),
+                                      q + q4_w_at(layout, row, chunk, chunks) + 16 * (lane % 4));
+            }
+            mma_scale_copy<FORMAT, RB, NS, TP>(slot, scale, rows, row0, chunks, layout, st);
+            return;
+        }
 #pragma unroll
         for (int r = warp; r < shape::rows; r += MMA_WARPS) {
             const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
             if (at < row_bytes)
                 coli_copy_async16(slot + r * MMA_ROW_PITCH + 16 * lane, q + q4_w_at(layout, row, at / 64, chunks) + at % 64);
         }
-        if constexpr (FORMAT == COLI_FMT_Q4) /* 4 scales per chunk: 128 bytes of each row per stage */
-            for (int i = threadIdx.x; i < shape::rows * 8; i += MMA_WARPS * WARP) {
-                const int r = i / 8, k = i % 8;
-                const int64_t row = row0 + r < rows ? row0 + r : rows - 1, sat = (int64_t)st * MMA_WARPS * 16 + 16 * k;
-                if (sat < row_bytes / 4)
-                    coli_copy_async16(slot + shape::w_bytes + r * MMA_SCALE_PITCH + 16 * k,
-                                      scale + q4_s_at(layout, row, sat / 16, chunks));
-            }
+        if constexpr (FORMAT == COLI_FMT_Q4) mma_scale_copy<FORMAT, RB, NS, TP>(slot, scale, rows, row0, chunks, layout, st);
     } else {
         constexpr int PIECES = mma_planes<FORMAT>::chunk / 16; /* per chunk and token */
         uint8_t *sp = slot + shape::w_bytes + shape::s_bytes;
@@ -1287,8 +1310,9 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
 /* Whether an int4 weight is stored tile by tile (TILE_LAYOUT) for decode_tiled_kernel:
  * sm_90, groups of 32, a width it takes, rows of whole blocks (32) from its
  * tiled_min_rows to 8192 (the rows measured: one token 1-25% faster than in the mma
- * layout, 64 and 256 tokens 5-6%, 8 and 16 tokens up to 6% slower; decode_mma_kernel
- * and decode_kernel keep the rest). COLI_GPU_TILE=0 keeps the mma layout. */
+ * layout, 64 and 256 tokens 5-6%, 8 and 16 tokens up to 5% slower, 6% before
+ * mma_kernel's copies read whole items; decode_mma_kernel and decode_kernel keep the
+ * rest). COLI_GPU_TILE=0 keeps the mma layout. */
 static bool tile_layout_fits(int32_t format, int64_t rows, int64_t cols, int32_t group) {
 #if COLI_HAS_PDL
     static int off = -1;
