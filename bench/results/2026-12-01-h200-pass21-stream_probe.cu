@@ -15,26 +15,7 @@
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Ibuild/gen -Iengine \
  *     bench/results/2026-12-01-h200-pass21-stream_probe.cu -o /tmp/p && /tmp/p */
 #include "../../kernels/backend_gpu.cu"
-#include <algorithm>
-#include <cstdio>
-#include <functional>
-#include <vector>
-#define CHECK(c)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (c);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                     \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-__global__ void fillb(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t v = ((uint32_t)i + seed) * 2654435761u;
-        v ^= v >> 15;
-        p[i] = (uint8_t)v;
-    }
-}
+#include "probe_common.cuh"
 
 struct probe_plan {
     int64_t cols, row_w, row_s;
@@ -128,35 +109,6 @@ __global__ void __launch_bounds__((NW + 1) * WARP, 1)
         for (int i = warp; i < n_rows; i += NW) y[r0 + i] = (float)(acc & 0xFF) + xs;
 }
 
-static double time_calls(const std::function<void(int, cudaStream_t)> &launch) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    const int n = 100;
-    cudaStream_t cap;
-    CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
-    CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < n; i++) launch(i, cap);
-    CHECK(cudaStreamEndCapture(cap, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    std::vector<double> v;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    for (int r = 0; r < 9; r++) {
-        cudaEventRecord(e0, cap);
-        CHECK(cudaGraphLaunch(exec, cap));
-        cudaEventRecord(e1, cap);
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (r >= 2) v.push_back(ms * 1e3 / n);
-    }
-    std::sort(v.begin(), v.end());
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(cap));
-    return v[v.size() / 2];
-}
-
 template <int NW, int MODE> static void probe(const char *shape, std::vector<coli_weight> &ws, int t, const float *x, float *y) {
     const coli_weight &w = ws[0];
     probe_plan plan;
@@ -186,21 +138,10 @@ static void shape_run(int64_t rows, int64_t cols) {
     char shape[32];
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
     const size_t qb = rows * cols / 2, sb = rows * cols / 32 * 4;
-    const int copies = (int)((size_t)(512u << 20) / (qb + sb)) + 2;
-    std::vector<coli_weight> ws(copies);
-    for (auto &w : ws) {
-        memset(&w, 0, sizeof w);
-        w.format = COLI_FMT_Q4, w.rows = rows, w.cols = cols, w.group = 32, w.layout = MMA_LAYOUT;
-        CHECK(cudaMalloc(&w.q, qb));
-        CHECK(cudaMalloc((void **)&w.scale, sb));
-        fillb<<<512, 256>>>((uint8_t *)w.q, qb, 3);
-        CHECK(cudaMemset(w.scale, 0, sb));
-    }
-    float *x, *y, *planes;
-    CHECK(cudaMalloc((void **)&x, cols * 4));
-    CHECK(cudaMalloc((void **)&y, rows * 4));
-    CHECK(cudaMalloc((void **)&planes, cols * 16));
-    CHECK(cudaMemset(x, 0, cols * 4));
+    std::vector<coli_weight> ws = int4_copies(rows, cols, MMA_LAYOUT);
+    const int copies = (int)ws.size();
+    const probe_io io(rows, cols, 1, cols * 16);
+    float *x = io.x, *y = io.y, *planes = io.planes;
     const double pick = time_calls([&](int i, cudaStream_t st) { (void)launch_matmul(&ws[i % copies], x, 1, y, st, planes); });
     printf("%s pick: %.2f us, %.0f GB/s\n", shape, pick, (double)(qb + sb) / pick * 1e-3);
     for (int t : {2, 4, 8}) {
@@ -214,8 +155,7 @@ static void shape_run(int64_t rows, int64_t cols) {
             probe<8, 2>(shape, ws, t, x, y), probe<4, 2>(shape, ws, t, x, y);
         }
     }
-    for (auto &w : ws) cudaFree(w.q), cudaFree(w.scale);
-    cudaFree(x), cudaFree(y), cudaFree(planes);
+    free_copies(ws);
 }
 
 int main() {

@@ -13,26 +13,7 @@
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Ibuild/gen -Iengine \
  *     bench/results/2026-12-01-h200-pass23-pipe_probe.cu -o /tmp/p && /tmp/p */
 #include "../../kernels/backend_gpu.cu"
-#include <algorithm>
-#include <cstdio>
-#include <functional>
-#include <vector>
-#define CHECK(c)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (c);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                     \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-
-__global__ void fillb(uint8_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t v = ((uint32_t)i + seed) * 2654435761u;
-        v ^= v >> 15;
-        p[i] = (uint8_t)v;
-    }
-}
+#include "probe_common.cuh"
 
 struct pipe_plan {
     int piece, k, pre, delay, spin, rows_max;
@@ -117,35 +98,6 @@ __global__ void __launch_bounds__((NW + 1) * WARP, 1)
         for (int i = warp; i < n_rows; i += NW) y[r0 + i] = (float)(acc & 0xFF) + xs;
 }
 
-static double time_calls(const std::function<void(int, cudaStream_t)> &launch) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    const int n = 100;
-    cudaStream_t cap;
-    CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
-    CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < n; i++) launch(i, cap);
-    CHECK(cudaStreamEndCapture(cap, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    std::vector<double> v;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    for (int r = 0; r < 9; r++) {
-        cudaEventRecord(e0, cap);
-        CHECK(cudaGraphLaunch(exec, cap));
-        cudaEventRecord(e1, cap);
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (r >= 2) v.push_back(ms * 1e3 / n);
-    }
-    std::sort(v.begin(), v.end());
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(cap));
-    return v[v.size() / 2];
-}
-
 struct pipe_case {
     const char *name;
     int blocks, piece, k, pre, delay, spin;
@@ -181,21 +133,10 @@ int main(int argc, char **argv) {
     CHECK(coli_backend_init(0) == COLI_OK ? cudaSuccess : cudaErrorUnknown);
     const int64_t rows = 4096, cols = 4096;
     const size_t qb = rows * cols / 2, sb = rows * cols / 32 * 4;
-    const int copies = (int)((size_t)(512u << 20) / (qb + sb)) + 2;
-    std::vector<coli_weight> ws(copies);
-    for (auto &w : ws) {
-        memset(&w, 0, sizeof w);
-        w.format = COLI_FMT_Q4, w.rows = rows, w.cols = cols, w.group = 32, w.layout = MMA_LAYOUT;
-        CHECK(cudaMalloc(&w.q, qb));
-        CHECK(cudaMalloc((void **)&w.scale, sb));
-        fillb<<<512, 256>>>((uint8_t *)w.q, qb, 3);
-        CHECK(cudaMemset(w.scale, 0, sb));
-    }
-    float *x, *y, *planes;
-    CHECK(cudaMalloc((void **)&x, cols * 4));
-    CHECK(cudaMalloc((void **)&y, rows * 4));
-    CHECK(cudaMalloc((void **)&planes, cols * 16));
-    CHECK(cudaMemset(x, 0, cols * 4));
+    std::vector<coli_weight> ws = int4_copies(rows, cols, MMA_LAYOUT);
+    const int copies = (int)ws.size();
+    const probe_io io(rows, cols, 1, cols * 16);
+    float *x = io.x, *y = io.y, *planes = io.planes;
     for (int rep = 0; rep < 2; rep++) {
         const double pick = time_calls([&](int i, cudaStream_t st) { (void)launch_matmul(&ws[i % copies], x, 1, y, st, planes); });
         printf("pick: %.2f us, %.0f GB/s (%.0f%%)\n", pick, (double)(qb + sb) / pick * 1e-3, 100 * (double)(qb + sb) / pick * 1e-3 / copy_gbps);
@@ -225,7 +166,6 @@ int main(int argc, char **argv) {
         probe<8>(cases[1], ws, x, y, copy_gbps);
         probe<8>(cases[2], ws, x, y, copy_gbps);
     }
-    for (auto &w : ws) cudaFree(w.q), cudaFree(w.scale);
-    cudaFree(x), cudaFree(y), cudaFree(planes);
+    free_copies(ws);
     return 0;
 }
