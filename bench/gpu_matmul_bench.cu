@@ -18,6 +18,7 @@
  *   gpu_matmul_bench  -> one JSON line per measurement on stdout */
 #include "../kernels/backend_gpu.cu"
 #include "bench_env.h"
+#include "gpu_timing.cuh"
 
 #include <algorithm>
 #include <array>
@@ -26,15 +27,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        cudaError_t e_ = (call);                                                      \
-        if (e_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "line %d: %s: %s\n", __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 __global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -54,36 +46,9 @@ __global__ void fill_floats(float *p, size_t n, uint32_t seed, float amp, float 
 
 static cudaStream_t g_stream;
 
-/* Median microseconds per launch: `n` launches captured in a graph, replayed. */
+/* Median microseconds per launch: `n` launches on g_stream captured in a graph, replayed. */
 static double time_graph(const std::function<void(int)> &launch, int n = 100, int reps = 7) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < n; i++) launch(i);
-    CHECK(cudaStreamEndCapture(g_stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK(cudaGraphLaunch(exec, g_stream)); /* warm-up */
-    CHECK(cudaStreamSynchronize(g_stream));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    std::vector<double> us;
-    for (int r = 0; r < reps; r++) {
-        CHECK(cudaEventRecord(e0, g_stream));
-        CHECK(cudaGraphLaunch(exec, g_stream));
-        CHECK(cudaEventRecord(e1, g_stream));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        us.push_back(ms * 1e3 / n);
-    }
-    CHECK(cudaGetLastError());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    return graph_median_us(g_stream, n, 1, reps, [&](int i, cudaStream_t) { launch(i); });
 }
 
 /* The ceiling, as the issue defines it: bytes read plus written per second by
@@ -95,15 +60,9 @@ static double memcpy_gbps() {
     CHECK(cudaMalloc(&b, n));
     fill_bytes<<<1024, 256, 0, g_stream>>>((uint8_t *)a, n, 3);
     CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    CHECK(cudaEventRecord(e0, g_stream));
-    for (int i = 0; i < 10; i++) CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
-    CHECK(cudaEventRecord(e1, g_stream));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const double ms = elapsed_ms(g_stream, [&] {
+        for (int i = 0; i < 10; i++) CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream));
+    });
     cudaFree(a);
     cudaFree(b);
     return 2.0 * (double)n * 10 / (ms * 1e-3) / 1e9;

@@ -24,12 +24,12 @@
 static void run(const char *name, int blocks, const launch_fn &launch) {
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    const cudaGraphExec_t exec = capture_calls(launch, st);
+    const cudaGraphExec_t exec = capture_graph(st, probe_calls, launch);
     for (int r = 0; r < 3; r++) CHECK(cudaGraphLaunch(exec, st));
     CHECK(cudaStreamSynchronize(st));
     unsigned zero[160] = {};
     CHECK(cudaMemcpyToSymbol(CALLS, zero, sizeof zero));
-    const double us = replay_us(exec, st);
+    const double us = replay_us(exec, st, probe_calls);
     static unsigned long long tr[160][160][STAMPS];
     CHECK(cudaMemcpyFromSymbol(tr, TRACE, sizeof tr));
     printf("%s: %.2f us a call (blocks %d)\n", name, us, blocks);

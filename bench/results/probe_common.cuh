@@ -3,21 +3,8 @@
  * them), and calls timed as the bench chains them (a graph of 100 launches, median of 7 replays after 2).
  * Include it after kernels/backend_gpu.cu (it uses coli_weight). */
 #pragma once
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include "../gpu_timing.cuh" /* CHECK, launch_fn, capture_graph, replay_us, graph_median_us */
 #include <cstring>
-#include <functional>
-#include <vector>
-
-#define CHECK(c)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (c);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                     \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 __global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -27,49 +14,15 @@ __global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed) {
     }
 }
 
-using launch_fn = std::function<void(int, cudaStream_t)>;
 static const int probe_calls = 100; /* launches in a graph */
 
-/* The n launches of `launch` (call i on stream st) captured from st as one graph. */
-static cudaGraphExec_t capture_calls(const launch_fn &launch, cudaStream_t st) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < probe_calls; i++) launch(i, st);
-    CHECK(cudaStreamEndCapture(st, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK(cudaGraphDestroy(graph));
-    return exec;
-}
-
-/* us a call in one replay of the graph. */
-static double replay_us(cudaGraphExec_t exec, cudaStream_t st) {
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    cudaEventRecord(e0, st);
-    CHECK(cudaGraphLaunch(exec, st));
-    cudaEventRecord(e1, st);
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    return ms * 1e3 / probe_calls;
-}
-
-/* us a call, the median of 7 replays after 2 to warm up. */
+/* us a call, the median of 7 replays after 2 to warm up, on a stream of its own. */
 static double time_calls(const launch_fn &launch) {
-    cudaStream_t cap;
-    CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
-    const cudaGraphExec_t exec = capture_calls(launch, cap);
-    std::vector<double> v;
-    for (int r = 0; r < 9; r++) {
-        const double us = replay_us(exec, cap);
-        if (r >= 2) v.push_back(us);
-    }
-    std::sort(v.begin(), v.end());
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaStreamDestroy(cap));
-    return v[v.size() / 2];
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const double us = graph_median_us(st, probe_calls, 2, 7, launch);
+    CHECK(cudaStreamDestroy(st));
+    return us;
 }
 
 /* Copies of a rows x cols int4 weight (groups of 32, scales 0), past 512 MiB in all: random bytes, or
