@@ -54,6 +54,8 @@ struct probe_io {
         CHECK(cudaMemset(x, 0, tokens * cols * 4));
     }
     ~probe_io() { cudaFree(x), cudaFree(y), cudaFree(planes); }
+    probe_io(const probe_io &) = delete; /* it owns the buffers */
+    probe_io &operator=(const probe_io &) = delete;
 };
 
 static void free_copies(std::vector<coli_weight> &ws) {
