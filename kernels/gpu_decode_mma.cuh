@@ -29,9 +29,9 @@
  *   - W: a tile is 16 rows; lane (g, t) holds 16 bytes of rows g and g + 8 at
  *     byte 16t of each chunk, which are A of two int8 mma tiles (int4: of two
  *     pairs of groups, as the mma layout lies) for a k order that the digits follow.
- *     The first RR tiles of a block are loaded into registers, the rest (and
- *     int4's scales) copied into shared memory, each lane the bytes it reads
- *     itself (scales: then the warp meets), all before the wait.
+ *     RR tiles of a block are loaded into registers (dmma_shape::in_registers),
+ *     the rest (and int4's scales) copied into shared memory, each lane the
+ *     bytes it reads itself (scales: then the warp meets), all before the wait.
  *   - A row's sums meet across a warp's lanes (int4: two exchanges) and across the
  *     warps, at the end, in shared memory in a fixed order.
  * A block holds all of its W while it waits. The launch leaves about half the
@@ -64,6 +64,16 @@ template <int FORMAT, int NW, int CH, int RT, int RR> struct dmma_shape {
     static constexpr size_t part_bytes = (size_t)NW * rows * 4;
     static constexpr size_t shared = w_bytes + s_bytes + x_bytes + part_bytes;
     static_assert(RR >= 0 && RR <= RT && vpl % 8 == 0, "whole tiles; lanes cut whole runs of 8 columns");
+    /* Which tiles are held in registers: the first RR, but int8's second of two
+     * (asked for after the copies and summed after them: 1024 x 8192 7% faster,
+     * 2048 x 4096 about 2%; the last of three was 10% slower at 3072 x 4096, the
+     * last two of four 5% at 4096 x 4096, and int4 no faster: bench/RESULTS.md,
+     * twenty-fifth pass). reg_tile: a tile's place among those in registers;
+     * i - first_shared, among those in shared memory. */
+    static constexpr bool reg_last = FORMAT == COLI_FMT_Q8 && RT == 2 && RR == 1;
+    static constexpr int first_shared = reg_last ? 0 : RR;
+    __host__ __device__ static constexpr bool in_registers(int i) { return reg_last ? i >= RT - RR : i < RR; }
+    __host__ __device__ static constexpr int reg_tile(int i) { return !in_registers(i) ? 0 : reg_last ? i - (RT - RR) : i; }
 };
 
 /* The slice's power of two from its largest |x|'s bits: v = x pre step is x
@@ -293,8 +303,8 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
             const uint8_t *src = q + (r < row_end ? r : row_end - 1) * shape::row_bytes + kb + 16 * t;
 #pragma unroll
             for (int c = 0; c < CH; c++) {
-                if (i < RR) wr[i < RR ? i : 0][c][h] = COLI_LOAD_STREAM((const int4 *)(src + 64 * c));
-                else coli_copy_async16(dmma_shared + ((((i - RR) * NW + warp) * CH + c) * 2 + h) * 512 + lane * 16,
+                if (shape::in_registers(i)) wr[shape::reg_tile(i)][c][h] = COLI_LOAD_STREAM((const int4 *)(src + 64 * c));
+                else coli_copy_async16(dmma_shared + ((((i - shape::first_shared) * NW + warp) * CH + c) * 2 + h) * 512 + lane * 16,
                                        src + 64 * c);
             }
         }
@@ -348,14 +358,14 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     }
 #pragma unroll
     for (int i = 0; i < RT; i++) {
-        if (i == RR) coli_copy_wait<0>(); /* this lane's copies are in */
+        if (i == shape::first_shared && RR < RT) coli_copy_wait<0>(); /* this lane's copies are in */
 #pragma unroll
         for (int c = 0; c < CH; c++) {
             int4 a0, a1;
-            if (i < RR) {
-                a0 = wr[i < RR ? i : 0][c][0], a1 = wr[i < RR ? i : 0][c][1];
+            if (shape::in_registers(i)) {
+                a0 = wr[shape::reg_tile(i)][c][0], a1 = wr[shape::reg_tile(i)][c][1];
             } else {
-                const uint8_t *slot = dmma_shared + (((i - RR) * NW + warp) * CH + c) * 2 * 512 + lane * 16;
+                const uint8_t *slot = dmma_shared + (((i - shape::first_shared) * NW + warp) * CH + c) * 2 * 512 + lane * 16;
                 a0 = *(const int4 *)slot, a1 = *(const int4 *)(slot + 512);
             }
             if constexpr (FORMAT == COLI_FMT_Q8) { /* this lane's B words of the chunk's tiles */
