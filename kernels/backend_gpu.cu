@@ -139,38 +139,7 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
     return st;
 }
 
-COLI_API coli_status coli_tensor_upload_f32(const float *data, int64_t rows, int64_t cols, coli_tensor *out) {
-    return upload(COLI_FMT_F32, data, NULL, rows, cols, 0, out);
-}
-
-COLI_API coli_status coli_tensor_upload_q8(const int8_t *q, const float *row_scale, int64_t rows, int64_t cols,
-                                           coli_tensor *out) {
-    return upload(COLI_FMT_Q8, q, row_scale, rows, cols, 0, out);
-}
-
-COLI_API coli_status coli_tensor_upload_q4(const uint8_t *packed, const float *group_scale, int64_t rows,
-                                           int64_t cols, int32_t group_size, coli_tensor *out) {
-    return upload(COLI_FMT_Q4, packed, group_scale, rows, cols, group_size, out);
-}
-
-COLI_API coli_status coli_tensor_free(coli_tensor tensor) {
-    coli_weight *w = NULL;
-    coli_status st = coli_table_get(&g_tensors, tensor, &w);
-    if (st) return st;
-    release(w);
-    coli_table_remove(&g_tensors, tensor);
-    return COLI_OK;
-}
-
-COLI_API coli_status coli_tensor_size(coli_tensor tensor, uint64_t *bytes) {
-    coli_weight *w = NULL;
-    coli_status st;
-    if (!bytes) return coli_fail(COLI_E_INVALID, "tensor_size: null bytes");
-    st = coli_table_get(&g_tensors, tensor, &w);
-    if (st) return st;
-    *bytes = w->bytes;
-    return COLI_OK;
-}
+#include "backend_tensors.h"
 
 static coli_status grow(float **buf, size_t *cap, size_t need) {
     if (need <= *cap) return COLI_OK;
@@ -266,12 +235,6 @@ COLI_API coli_status coli_matmul_many(const coli_tensor *weights, int32_t count,
     const coli_status st = coli_many_check(g_ready, &g_tensors, weights, count, x, s, in_features, ys, ws);
     if (st) return st;
     return run_matmuls(ws, count, x, s, ys);
-}
-
-COLI_API coli_status coli_resident_count(int32_t *count) {
-    if (!count) return coli_fail(COLI_E_INVALID, "resident_count: null count");
-    *count = g_tensors.live;
-    return COLI_OK;
 }
 
 COLI_API coli_status coli_backend_set_threads(int32_t threads) {

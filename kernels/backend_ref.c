@@ -21,13 +21,15 @@ COLI_API coli_status coli_backend_init(int32_t device) {
     return COLI_OK;
 }
 
+static void release(coli_weight *w) {
+    free(w->q);
+    free(w->scale);
+    free(w);
+}
+
 COLI_API coli_status coli_backend_shutdown(void) {
-    for (uint32_t i = 0; i < g_tensors.count; i++) {
-        if (!g_tensors.slots[i].live) continue;
-        free(g_tensors.slots[i].w->q);
-        free(g_tensors.slots[i].w->scale);
-        free(g_tensors.slots[i].w);
-    }
+    for (uint32_t i = 0; i < g_tensors.count; i++)
+        if (g_tensors.slots[i].live) release(g_tensors.slots[i].w);
     coli_table_reset(&g_tensors);
     g_ready = 0;
     return COLI_OK;
@@ -70,57 +72,18 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
     w->q = malloc(qb);
     w->scale = sb ? (float *)malloc(sb) : NULL;
     if (!w->q || (sb && !w->scale)) {
-        free(w->q);
-        free(w->scale);
-        free(w);
+        release(w);
         return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: cannot allocate %zu bytes", qb + sb);
     }
     memcpy(w->q, q, qb);
     if (sb) memcpy(w->scale, scale, sb);
     w->bytes = qb + sb;
     st = coli_table_add(&g_tensors, w, out);
-    if (st) {
-        free(w->q);
-        free(w->scale);
-        free(w);
-    }
+    if (st) release(w);
     return st;
 }
 
-COLI_API coli_status coli_tensor_upload_f32(const float *data, int64_t rows, int64_t cols, coli_tensor *out) {
-    return upload(COLI_FMT_F32, data, NULL, rows, cols, 0, out);
-}
-
-COLI_API coli_status coli_tensor_upload_q8(const int8_t *q, const float *row_scale, int64_t rows, int64_t cols,
-                                           coli_tensor *out) {
-    return upload(COLI_FMT_Q8, q, row_scale, rows, cols, 0, out);
-}
-
-COLI_API coli_status coli_tensor_upload_q4(const uint8_t *packed, const float *group_scale, int64_t rows,
-                                           int64_t cols, int32_t group_size, coli_tensor *out) {
-    return upload(COLI_FMT_Q4, packed, group_scale, rows, cols, group_size, out);
-}
-
-COLI_API coli_status coli_tensor_free(coli_tensor tensor) {
-    coli_weight *w = NULL;
-    coli_status st = coli_table_get(&g_tensors, tensor, &w);
-    if (st) return st;
-    free(w->q);
-    free(w->scale);
-    free(w);
-    coli_table_remove(&g_tensors, tensor);
-    return COLI_OK;
-}
-
-COLI_API coli_status coli_tensor_size(coli_tensor tensor, uint64_t *bytes) {
-    coli_weight *w = NULL;
-    coli_status st;
-    if (!bytes) return coli_fail(COLI_E_INVALID, "tensor_size: null bytes");
-    st = coli_table_get(&g_tensors, tensor, &w);
-    if (st) return st;
-    *bytes = w->bytes;
-    return COLI_OK;
-}
+#include "backend_tensors.h"
 
 static void run_matmul(const coli_weight *w, const float *x, int64_t s, float *y) {
     switch (w->format) {
@@ -144,12 +107,6 @@ COLI_API coli_status coli_matmul_many(const coli_tensor *weights, int32_t count,
     const coli_status st = coli_many_check(g_ready, &g_tensors, weights, count, x, s, in_features, ys, ws);
     if (st) return st;
     for (int32_t i = 0; i < count; i++) run_matmul(ws[i], x, s, ys[i]);
-    return COLI_OK;
-}
-
-COLI_API coli_status coli_resident_count(int32_t *count) {
-    if (!count) return coli_fail(COLI_E_INVALID, "resident_count: null count");
-    *count = g_tensors.live;
     return COLI_OK;
 }
 

@@ -53,6 +53,7 @@ REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
 GPU_SOURCES = ("kernels/backend_gpu.cu",)
 BACKEND_HEADERS = (
     "kernels/backend_common.h",
+    "kernels/backend_tensors.h",
     "kernels/cpu_ops.h",
     "kernels/gpu_compat.h",
     "kernels/gpu_matmul.cuh",
