@@ -68,12 +68,12 @@ template <int FORMAT, int NW, int CH, int RT, int RR> struct dmma_shape {
      * (asked for after the copies and summed after them: 1024 x 8192 7% faster,
      * 2048 x 4096 about 2%; the last of three was 10% slower at 3072 x 4096, the
      * last two of four 5% at 4096 x 4096, and int4 no faster: bench/RESULTS.md,
-     * twenty-fifth pass). reg_tile: a tile's place among those in registers;
-     * i - first_shared, among those in shared memory. */
+     * twenty-fifth pass). A tile's place among those in registers is i -
+     * first_reg, among those in shared memory i - first_shared. */
     static constexpr bool reg_last = FORMAT == COLI_FMT_Q8 && RT == 2 && RR == 1;
-    static constexpr int first_shared = reg_last ? 0 : RR;
-    __host__ __device__ static constexpr bool in_registers(int i) { return reg_last ? i >= RT - RR : i < RR; }
-    __host__ __device__ static constexpr int reg_tile(int i) { return !in_registers(i) ? 0 : reg_last ? i - (RT - RR) : i; }
+    static constexpr int first_reg = reg_last ? RT - RR : 0, first_shared = reg_last ? 0 : RR;
+    __host__ __device__ static constexpr bool in_registers(int i) { return i >= first_reg && i < first_reg + RR; }
+    __host__ __device__ static constexpr int reg_tile(int i) { return in_registers(i) ? i - first_reg : 0; }
 };
 
 /* The slice's power of two from its largest |x|'s bits: v = x pre step is x
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     }
 #pragma unroll
     for (int i = 0; i < RT; i++) {
-        if (i == shape::first_shared && RR < RT) coli_copy_wait<0>(); /* this lane's copies are in */
+        if (i == shape::first_shared) coli_copy_wait<0>(); /* this lane's copies are in */
 #pragma unroll
         for (int c = 0; c < CH; c++) {
             int4 a0, a1;
