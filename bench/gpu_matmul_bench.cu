@@ -155,6 +155,10 @@ struct variant {
 };
 
 static float *g_bench_planes; /* x's digits for the mma variants: s * cols floats */
+/* Whether the calls timed may read x before they wait for the call before: they may
+ * where no kernel writes x, as in the timed loops (each call's x is the same, as
+ * the backend's calls' x is its own copy's); the chained checks pass false. */
+static bool g_x_ready = true;
 
 template <int FORMAT, int RB, int NS>
 static void mma_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
@@ -177,8 +181,14 @@ static void fused_variant(const coli_weight *w, const float *dx, int64_t, float 
 static void unchained(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
     const int chain = g_chain;
     g_chain = 0;
-    (void)launch_matmul(w, dx, s, dy, stream, g_bench_planes);
+    (void)launch_matmul(w, dx, s, dy, g_x_ready, stream, g_bench_planes);
     g_chain = chain;
+}
+
+/* The kernels the backend picks, each waiting for the call before before it reads
+ * x, as in a chain where each call's x is the last one's y. */
+static void waiting(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
+    (void)launch_matmul(w, dx, s, dy, false, stream, g_bench_planes);
 }
 
 template <int R, int D, int T>
@@ -203,7 +213,7 @@ static void walk_variant(const coli_weight *w, const float *dx, int64_t, float *
 #define WALK(R, D) {"decode walk R" #R " D" #D, 1, nullptr, walk_variant<COLI_FMT_Q8, R, D>, walk_variant<COLI_FMT_Q4, R, D>}
 template <int FORMAT, int BLOCKS_PER_SM>
 static void bulk_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    if (decode_bulk_takes(w)) launch_decode_bulk<FORMAT>(w, dx, dy, stream, BLOCKS_PER_SM);
+    if (decode_bulk_takes(w)) launch_decode_bulk<FORMAT>(w, dx, dy, g_x_ready, stream, BLOCKS_PER_SM);
     else launch_decode<FORMAT, 2, 4>(w, dx, g_bench_planes, dy, stream);
 }
 #define BULK(NAME, B) {"decode bulk" NAME, 1, nullptr, bulk_variant<COLI_FMT_Q8, B>, bulk_variant<COLI_FMT_Q4, B>}
@@ -215,13 +225,18 @@ static void gemm_variant(const coli_weight *w, const float *dx, int64_t s, float
                                  gemm_variant<COLI_FMT_Q8, WM, WN, MT, NT>, gemm_variant<COLI_FMT_Q4, WM, WN, MT, NT>}
 template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
 static void dmma_variant(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
-    if (decode_mma_laid(w) && w->cols == dmma_shape<FORMAT, NW, CH, RT, RR>::cols) launch_decode_mma<FORMAT, NW, CH, RT, RR, MINB>(w, dx, dy, stream);
-    else (void)launch_matmul(w, dx, s, dy, stream, g_bench_planes);
+    if (decode_mma_laid(w) && w->cols == dmma_shape<FORMAT, NW, CH, RT, RR>::cols) {
+        if (g_x_ready) launch_decode_mma<FORMAT, NW, CH, RT, RR, MINB, true>(w, dx, dy, stream);
+        else launch_decode_mma<FORMAT, NW, CH, RT, RR, MINB, false>(w, dx, dy, stream);
+    } else {
+        (void)launch_matmul(w, dx, s, dy, g_x_ready, stream, g_bench_planes);
+    }
 }
 /* int8 takes NW * CH * 64 columns (CH >= 4: a lane cuts whole runs of 8), int4 twice as many */
 template <int FORMAT, int NW, int CH, int RT, int RR, int MINB> constexpr launcher_fn dmma_fn() {
     if constexpr (FORMAT == COLI_FMT_Q8 && CH < 4) return nullptr;
-    else if constexpr (dmma_shape<FORMAT, NW, CH, RT, RR>::shared > DMMA_SHARED_MAX) return nullptr; /* no such block */
+    else if constexpr (dmma_shape<FORMAT, NW, CH, RT, RR>::shared + dmma_shape<FORMAT, NW, CH, RT, RR>::x_in_bytes > DMMA_SHARED_MAX)
+        return nullptr; /* no such block (with x's room: its x_ready form) */
     else return dmma_variant<FORMAT, NW, CH, RT, RR, MINB>;
 }
 #define DMMA(NW, CH, RT, RR, MINB) {"decode mma W" #NW " C" #CH " T" #RT " R" #RR " M" #MINB, 1, nullptr, \
@@ -231,7 +246,7 @@ template <int FORMAT, int NW, int CH, int RT, int RR, int MINB> constexpr launch
 /* decode_tiled_kernel in one form: int4 stored tile by tile, its own width only */
 template <int NW, int CH, int D, int G, int P, int PRE>
 static void tiled_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    launch_decode_tiled<NW, CH, D, G, P, PRE>(w, dx, dy, stream);
+    launch_decode_tiled<NW, CH, D, G, P, PRE>(w, dx, dy, g_x_ready, stream);
     static bool told = false; /* once (after the launch has raised its shared memory): how many clusters fit at once */
     if (!told && P > 1) {
         told = true;
@@ -242,7 +257,7 @@ static void tiled_variant(const coli_weight *w, const float *dx, int64_t, float 
         config.gridDim = dim3((unsigned)(w->rows / 32)), config.blockDim = dim3(NW * WARP);
         config.dynamicSmemBytes = dtiled_shape<NW, CH, D, G, P>::shared, config.attrs = &attr, config.numAttrs = 1;
         int n = -1;
-        CHECK(cudaOccupancyMaxActiveClusters(&n, (const void *)decode_tiled_kernel<NW, CH, D, G, P, PRE>, &config));
+        CHECK(cudaOccupancyMaxActiveClusters(&n, (const void *)decode_tiled_kernel<NW, CH, D, G, P, PRE, true>, &config));
         printf("{\"kernel\": \"decode tiled W%d C%d D%d G%d P%d pre%d\", \"clusters_at_once\": %d, \"clusters\": %lld}\n", NW, CH,
                D, G, P, PRE, n, (long long)(w->rows / (32 * P)));
     }
@@ -252,6 +267,7 @@ static void tiled_variant(const coli_weight *w, const float *dx, int64_t, float 
 static const variant VARIANTS[] = {
     GEMV(1, 2, 1), GEMV(2, 2, 1), GEMV(2, 4, 1), GEMV(4, 2, 1),
     {"auto unchained", 1, unchained, unchained, unchained},
+    {"auto waiting", 1, waiting, waiting, waiting},
     DECODE(1, 4), DECODE(2, 3), DECODE(2, 4), DECODE(4, 1), DECODE(4, 2),
     FUSED(2, 3), FUSED(2, 4), FUSED(4, 2),
     DECODE_KS(2, 3, 2), DECODE_KS(2, 4, 2), DECODE_KS(2, 2, 2), DECODE_KS(4, 1, 2), DECODE_KS(4, 2, 2), DECODE_KS(4, 2, 4),
@@ -268,7 +284,8 @@ static const variant VARIANTS[] = {
     DMMA(12, 2, 2, 0, 1), DMMA(12, 2, 3, 0, 1), DMMA(16, 8, 1, 0, 1), DMMA(16, 4, 1, 0, 1),
     DMMA(16, 2, 2, 1, 1), DMMA(16, 2, 3, 1, 1), DMMA(16, 2, 4, 1, 1), DMMA(16, 2, 4, 2, 1), DMMA(16, 2, 5, 2, 1),
     DMMA(16, 2, 5, 3, 1), DMMA(16, 2, 6, 3, 1), DMMA(12, 2, 3, 1, 1), DMMA(12, 2, 4, 1, 1), DMMA(12, 2, 5, 2, 1),
-    DMMA(12, 2, 4, 2, 1),
+    DMMA(12, 2, 4, 2, 1), DMMA(16, 2, 4, 0, 1), DMMA(16, 2, 5, 1, 1), DMMA(16, 2, 3, 0, 1), DMMA(16, 2, 6, 2, 1),
+    DMMA(16, 4, 4, 1, 1), DMMA(12, 2, 5, 1, 1), DMMA(12, 4, 4, 1, 1),
     /* decode_tiled_kernel (int4 tile by tile): each width's pick, the blocks alone, and the forms the
      * twenty-second pass measured next best; 4096 columns with COLI_BENCH_TILE=1 only */
     TILED(14, 4, 6, 2, 2, 1), TILED(14, 8, 8, 2, 1, 1), TILED(14, 4, 10, 2, 2, 2), TILED(7, 4, 16, 2, 4, 1),
@@ -430,7 +447,7 @@ int main(int argc, char **argv) {
                 launch_simple_any(&ws[0], x, s, ref, g_stream);
                 CHECK(cudaMemsetAsync(y, 0xFF, (size_t)s * w.rows * 4, g_stream)); /* NaN */
                 if (f) f(&ws[0], x, s, y, g_stream);
-                else CHECK(launch_matmul(&ws[0], x, s, y, g_stream, planes));
+                else CHECK(launch_matmul(&ws[0], x, s, y, g_x_ready, g_stream, planes));
                 CHECK(cudaStreamSynchronize(g_stream));
                 const double err = rel_err(y, ref, (size_t)s * w.rows);
                 const bool ok = err <= 2e-5;
@@ -438,7 +455,7 @@ int main(int argc, char **argv) {
                 if (profile) return;
                 double us = time_graph([&](int i) {
                     if (f) f(&ws[i % copies], x, s, y, g_stream);
-                    else launch_matmul(&ws[i % copies], x, s, y, g_stream, planes);
+                    else launch_matmul(&ws[i % copies], x, s, y, g_x_ready, g_stream, planes);
                 });
                 const double bytes = (double)(qb + sb) + (double)s * (w.cols + w.rows) * 4;
                 const double gbps = bytes / (us * 1e-6) / 1e9;
@@ -472,11 +489,11 @@ int main(int argc, char **argv) {
                             for (int step = 0; step < 8; step++) {
                                 const coli_weight *ww = &ws[step % copies];
                                 if (simple) launch_simple_any(ww, a, s, b, g_stream);
-                                else if (path == 0) CHECK(launch_matmul(ww, a, s, b, g_stream, scratch));
-                                else if (path == 4 && w.format == COLI_FMT_Q8) launch_decode_mma<COLI_FMT_Q8, 16, 4, 3, 1, 1>(ww, a, b, g_stream);
-                                else if (path == 4) launch_decode_mma<COLI_FMT_Q4, 16, 2, 3, 1, 1>(ww, a, b, g_stream);
-                                else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, b, g_stream);
-                                else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, b, g_stream);
+                                else if (path == 0) CHECK(launch_matmul(ww, a, s, b, false, g_stream, scratch));
+                                else if (path == 4 && w.format == COLI_FMT_Q8) launch_decode_mma<COLI_FMT_Q8, 16, 4, 3, 1, 1, false>(ww, a, b, g_stream);
+                                else if (path == 4) launch_decode_mma<COLI_FMT_Q4, 16, 2, 3, 1, 1, false>(ww, a, b, g_stream);
+                                else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, b, false, g_stream);
+                                else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, b, false, g_stream);
                                 else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);
                                 else if (path == 1) launch_decode<COLI_FMT_Q4, 2, 4>(ww, a, scratch, b, g_stream);
                                 else launch_decode_walk<COLI_FMT_Q4, 2, 3>(ww, a, scratch, b, g_stream, decode_walk_per<COLI_FMT_Q4, 2, 3>(ww));
@@ -503,6 +520,20 @@ int main(int argc, char **argv) {
                     }
                     cudaFree(scratch);
                 }
+            /* calls one after another reading one x (x_ready: each reads it before it waits for
+             * the one before) and writing one y: y ends as the last call's */
+            if (!profile && !tile_forced) {
+                launch_simple_any(&ws[7 % copies], x, 1, ref, g_stream);
+                CHECK(cudaMemsetAsync(y, 0xFF, (size_t)w.rows * 4, g_stream)); /* NaN */
+                for (int step = 0; step < 8; step++) CHECK(launch_matmul(&ws[step % copies], x, 1, y, true, g_stream, planes));
+                CHECK(cudaStreamSynchronize(g_stream));
+                const double err = rel_err(y, ref, (size_t)w.rows);
+                const bool ok = err <= 2e-5;
+                failures += !ok;
+                printf("{\"rows\": %lld, \"cols\": %lld, \"s\": 1, \"format\": \"%s\", \"check\": \"8 calls, one x read first, one y\", "
+                       "\"rel_err\": %.2e, \"ok\": %s}\n",
+                       (long long)w.rows, (long long)w.cols, names[fi], err, ok ? "true" : "false");
+            }
             for (int64_t s : sizes)
                 if ((!profile || s == 1) && !tile_forced) report("auto", s, nullptr);
             for (const variant &v : VARIANTS) {

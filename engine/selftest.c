@@ -23,11 +23,13 @@
  * int4: 8 stages, all early; 6150 x 2048: 6 stages, not a whole turn of the
  * groups), the blocks' last stages short; int8/int4 decode on the tensor cores
  * (gpu_decode_mma.cuh, sm_90) at every row width and block shape the launch
- * picks, the blocks' last tiles short (int8 2, 3 and 4 tiles a block, 1 or 2 of
- * them in registers: 1000 x 4096, 600 x 2048, 2000 x 4096, 3000 x 3072, 4000 x
- * 4096; 8192 columns: 20 and 1200 rows; int4 2 to 6 tiles, 1 of them in
- * registers up to 4, then 2 and 3: 1000 x 4096, 3000 x 3072, 4000 x 3072 and x
- * 4096, 5000 and 6000 x 4096, and 1 or 2 at 8192 columns: 1200 and 2000 rows);
+ * picks for calls whose x is in place, as this host's are (x read first: int8 2
+ * tiles a block, both in registers, at 600 x 2048 and 3 at 2000 x 2048; 3 at 4096
+ * columns, 4 at 3072, 1 in registers: 1000, 2000, 4000, 5000 and 6000 x 4096, 3000
+ * and 4000 x 3072; int4 5 tiles, 1 in registers, at 3000 and 4000 x 3072, 6, 2 in
+ * registers, at 1000 to 6000 x 4096 and past half the SMs' rows, 10000 and, in two
+ * waves, 14000 x 4096; 8192 columns, int8 and int4 1 or 2 tiles: 20, 1200 and 2000
+ * rows), the blocks' last tiles short;
  * int8/int4 past 16 tokens in gemm_kernel's blocks (gpu_gemm.cuh) of each size
  * the launch picks (8500 x 256: int8 128 x 32 and int4 128 x 64, once the blocks
  * fill an H200's 132 multiprocessors), cut by the row and token ends, with 1
@@ -50,7 +52,7 @@ static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 
                                {4000, 3072, 1, 32}, {2000, 8192, 1, 32}, {4096, 8192, 1, 32}, {4096, 12288, 1, 32},
                                {4096, 14336, 1, 32}, {4096, 8192, 3, 32}, {4096, 8192, 17, 32}, {4128, 12288, 1, 32},
                                {4128, 14336, 1, 32}, {2048, 14336, 1, 32}, {2048, 12288, 3, 32}, {6144, 12288, 1, 32},
-                               {8192, 8192, 1, 32}};
+                               {8192, 8192, 1, 32}, {2000, 2048, 1, 32}, {10000, 4096, 1, 32}, {14000, 4096, 1, 32}};
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;

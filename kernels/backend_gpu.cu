@@ -208,8 +208,9 @@ static coli_status run_matmuls(coli_weight *const *ws, int32_t count, const floa
         (void)cudaGetLastError(); /* a device that cannot map host memory: copy back instead */
         dy = g_y;
     }
+    /* x_ready: only the copy above writes g_x, and it has run before the first kernel starts */
     for (int64_t i = 0, at = 0; i < count; at += s * ws[i]->rows, i++)
-        GPU_CHECK(launch_matmul(ws[i], g_x, s, dy + at, 0, digits ? g_planes : NULL));
+        GPU_CHECK(launch_matmul(ws[i], g_x, s, dy + at, true, 0, digits ? g_planes : NULL));
     if (pinned) {
         if (!direct) GPU_CHECK(cudaMemcpyAsync(g_hy, g_y, yb, cudaMemcpyDeviceToHost, 0));
         GPU_CHECK(cudaStreamSynchronize(0)); /* reports a kernel's failure, as the copy did */

@@ -125,7 +125,9 @@ template <int T> __device__ inline void bulk_reduce(float (&v)[T], int lane) {
     for (int o = WARP / 2 / T; o >= 1; o /= 2) v[0] += COLI_SHFL_XOR(v[0], o);
 }
 
-template <int FORMAT, int MINB, int T>
+/* XR: no kernel that may still run writes x (launch_matmul's x_ready): x is cut at
+ * once, and the wait for the grid before comes only before y is written. */
+template <int FORMAT, int MINB, int T, bool XR>
 __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
     decode_bulk_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows, bulk_plan plan,
                        const float *__restrict__ x, float *__restrict__ y) {
@@ -166,8 +168,8 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
     /* int8's row scales, which no kernel writes, read before the wait: read after
      * the sums they held up the call's end (ninth pass, a per-block timeline) */
     const float row_scale = FORMAT == COLI_FMT_Q8 && threadIdx.x < n_rows ? scale[r0 + threadIdx.x] : 1.0f;
-    coli_wait_prior_grid(); /* x is the last call's output until here */
-    const bool late = MINB == 1 && plan.late;
+    if constexpr (!XR) coli_wait_prior_grid(); /* x is the last call's output until here */
+    const bool late = MINB == 1 && (XR || plan.late); /* XR: x's loads ahead of the stages past the first */
     if (threadIdx.x == 0 && !late) stage_arrive(go);
     /* x cut into units in shared memory, a run of 8 columns a consumer thread, where
      * decode_kernel's lanes would read them (decode_unit); then each lane takes its own:
@@ -221,6 +223,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
         if ((lane & (WARP / T - 1)) == 0 && r < n) part[(s * T + r) * plan.nw + w] = acc[0];
     }
     asm volatile("bar.sync 1, %0;" ::"r"(consumers * WARP) : "memory"); /* the consumers only */
+    if constexpr (XR) coli_wait_prior_grid(); /* y may be the last call's output, or its x, until here */
     for (int i = threadIdx.x; i < n_rows; i += consumers * WARP) {
         float v = 0.0f;
         for (int k = 0; k < plan.nw; k++) v += part[i * plan.nw + k];
@@ -267,10 +270,11 @@ template <int FORMAT> static bulk_plan bulk_plan_for(const coli_weight *w, int t
 }
 
 template <int FORMAT, int MINB, int T>
-static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    const auto kernel = decode_bulk_kernel<FORMAT, MINB, T>;
-    static bool raised = false;
-    allow_sm_shared(kernel, BULK_RING + 24 * 1024, raised);
+static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const float *dx, float *dy, bool x_ready,
+                             cudaStream_t stream) {
+    const auto kernel = x_ready ? decode_bulk_kernel<FORMAT, MINB, T, true> : decode_bulk_kernel<FORMAT, MINB, T, false>;
+    static bool raised[2] = {false, false}; /* each kernel's own */
+    allow_sm_shared(kernel, BULK_RING + 24 * 1024, raised[x_ready]);
     launch_early(chain_calls(), kernel, dim3((unsigned)sm_count()), dim3((unsigned)((plan.nw * BULK_GROUPS + 1) * WARP)),
                  plan.shared(), stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
 }
@@ -295,7 +299,8 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
  * (int8 14336 x 4096 14.4 -> 15.7). `blocks_per_sm` 1 or 2 forces one form
  * (the bench compares them); 0 picks. */
 template <int FORMAT>
-static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream, int blocks_per_sm = 0) {
+static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream,
+                               int blocks_per_sm = 0) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
     const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max &&
                       two.ns <= 2 * BULK_GROUPS;
@@ -305,12 +310,12 @@ static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy,
     if (blocks_per_sm == 2 && !fits)
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
     if (blocks_per_sm == 2 || (blocks_per_sm == 0 && fits))
-        launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, stream);
+        launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, x_ready, stream);
     else if ((two.nw == 2 || (FORMAT == COLI_FMT_Q4 && two.nw == 3)) &&
              (two.rows_max + BULK_TWO_ROWS - 1) / BULK_TWO_ROWS >= 3 * BULK_GROUPS)
-        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(two, w, dx, dy, stream); /* unforced: 8 rows, the whole ring */
+        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(two, w, dx, dy, x_ready, stream); /* unforced: 8 rows, the whole ring */
     else
-        launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, stream);
+        launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, x_ready, stream);
 }
 #endif
 

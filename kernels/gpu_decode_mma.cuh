@@ -63,6 +63,7 @@ template <int FORMAT, int NW, int CH, int RT, int RR> struct dmma_shape {
     static constexpr size_t x_bytes = (size_t)NW * digit_rows * digit_words * 4;
     static constexpr size_t part_bytes = (size_t)NW * rows * 4;
     static constexpr size_t shared = w_bytes + s_bytes + x_bytes + part_bytes;
+    static constexpr size_t x_in_bytes = (size_t)NW * vpl * WARP * 4; /* XR: x's slices as copied in, after the rest */
     static_assert(RR >= 0 && RR <= RT && vpl % 8 == 0, "whole tiles; lanes cut whole runs of 8 columns");
     /* Which tiles are held in registers: the first RR, but int8's second of two
      * (asked for after the copies and summed after them: 1024 x 8192 7% faster,
@@ -224,16 +225,13 @@ template <int FORMAT, int VPL> __device__ inline dmma_power dmma_slice_power(con
     return dmma_power_of<FORMAT>(coli_warp_max(top));
 }
 
-/* A warp's slice of x: a lane's VPL values from column k0 into v; returns the
- * slice's power of two (dmma_slice_power). */
-template <int FORMAT, int VPL>
-__device__ inline dmma_power dmma_slice(const float *x, int k0, int lane, float (&v)[VPL]) {
+/* A warp's slice of x: a lane's VPL values from column k0 into v. */
+template <int VPL> __device__ inline void dmma_slice(const float *x, int k0, int lane, float (&v)[VPL]) {
 #pragma unroll
     for (int j = 0; j < VPL / 4; j++) {
         const float4 f = COLI_LOAD_FRESH((const float4 *)(x + k0 + VPL * lane) + j);
         v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
     }
-    return dmma_slice_power<FORMAT, VPL>(v);
 }
 
 /* A lane's runs of the slice as digits into the warp's patch: a row of words a
@@ -270,7 +268,18 @@ template <int NW, int ROWS> __device__ inline float dmma_meet(const float *part,
     return s;
 }
 
-template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
+/* XR: a lane's values of x's slice as copied in (a room of their own, so that no
+ * other lane writes where this lane's copies land) */
+template <typename shape> __device__ inline float *dmma_x_in(uint8_t *shared, int warp, int lane) {
+    return (float *)(shared + shape::shared) + (warp * WARP + lane) * shape::vpl;
+}
+
+/* XR: no kernel that may still run writes x (launch_matmul's x_ready): x is asked
+ * for first, ahead of W in the SM's queue, by cp.async into shared memory (loaded
+ * into registers, ptxas cut it into digits before it asked for W, to free them:
+ * bench/RESULTS.md, twenty-seventh pass), and the wait for the grid before comes
+ * only before y is written. */
+template <int FORMAT, int NW, int CH, int RT, int RR, int MINB, bool XR>
 __global__ void __launch_bounds__(NW * WARP, MINB)
     decode_mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
                       const float *__restrict__ x, float *__restrict__ y) {
@@ -278,6 +287,13 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     extern __shared__ __align__(16) uint8_t dmma_shared[];
     coli_allow_next_grid();
     const int lane = (int)threadIdx.x % WARP, warp = (int)threadIdx.x / WARP, g = lane / 4, t = lane % 4;
+    if constexpr (XR) { /* the warp's slice of x, a copy group of its own, the first */
+        float *x_in = dmma_x_in<shape>(dmma_shared, warp, lane);
+        const float *xs = x + warp * CH * shape::chunk_cols + shape::vpl * lane;
+#pragma unroll
+        for (int j = 0; j < shape::vpl / 4; j++) coli_copy_async16(x_in + 4 * j, xs + 4 * j);
+        coli_copy_commit();
+    }
     /* the block's rows: an equal share (at most shape::rows) */
     const int64_t row0 = rows * blockIdx.x / gridDim.x, row_end = rows * (blockIdx.x + 1) / gridDim.x;
     const int kb = warp * CH * 64; /* the warp's slice: bytes kb.. of each row */
@@ -309,13 +325,25 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
             }
         }
     coli_copy_commit();
+    if constexpr (XR) __syncthreads(); /* else ptxas moves the loads into registers past the x step below */
     const int64_t my_row = row0 + (int64_t)threadIdx.x;
     const float row_scale = FORMAT == COLI_FMT_Q8 && my_row < row_end ? scale[my_row] : 0.0625f; /* int4: 16 n */
-    coli_wait_prior_grid(); /* x is the last call's from here on */
+    float v[shape::vpl]; /* x's slice */
+    if constexpr (XR) {
+        coli_copy_wait<FORMAT == COLI_FMT_Q4 ? 2 : 1>(); /* this lane's x (the scales and W may still be on their way) */
+        const float *x_in = dmma_x_in<shape>(dmma_shared, warp, lane);
+#pragma unroll
+        for (int j = 0; j < shape::vpl / 4; j++) {
+            const float4 f = *(const float4 *)(x_in + 4 * j);
+            v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+        }
+    } else {
+        coli_wait_prior_grid(); /* x is the last call's from here on */
+        dmma_slice(x, warp * CH * shape::chunk_cols, lane, v);
+    }
 
-    /* x's slice, cut into digits in the warp's patch (dmma_slice says with what power of two) */
-    float v[shape::vpl];
-    const dmma_power e = dmma_slice<FORMAT, shape::vpl>(x, warp * CH * shape::chunk_cols, lane, v);
+    /* x's slice, cut into digits in the warp's patch (dmma_slice_power says with what power of two) */
+    const dmma_power e = dmma_slice_power<FORMAT, shape::vpl>(v);
     uint32_t *patch = (uint32_t *)(dmma_shared + shape::w_bytes + shape::s_bytes) + warp * shape::digit_rows * shape::digit_words;
     dmma_put_digits<FORMAT, shape::vpl, shape::digit_words, shape::digit_rows>(v, e, lane, patch);
     if constexpr (FORMAT == COLI_FMT_Q4) coli_copy_wait<1>(); /* this lane's scales (W's copies may still run) */
@@ -413,6 +441,7 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
         dmma_put_rows<FORMAT>(f, e, t, part, warp * shape::rows + 16 * i + g);
     }
     __syncthreads();
+    if constexpr (XR) coli_wait_prior_grid(); /* y may be the last call's output, or its x, until here */
     if (my_row < row_end) y[my_row] = dmma_meet<NW, shape::rows>(part, threadIdx.x) * row_scale;
 }
 
@@ -422,13 +451,14 @@ static bool decode_mma_laid(const coli_weight *w) {
     return (w->format == COLI_FMT_Q8 || (w->format == COLI_FMT_Q4 && w->layout == MMA_LAYOUT)) && cc_major() >= 9;
 }
 
-template <int FORMAT, int NW, int CH, int RT, int RR, int MINB>
+template <int FORMAT, int NW, int CH, int RT, int RR, int MINB, bool XR>
 static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     using shape = dmma_shape<FORMAT, NW, CH, RT, RR>;
-    static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's W, x's digits and sums fit its shared memory");
+    constexpr size_t shared = shape::shared + (XR ? shape::x_in_bytes : 0);
+    static_assert(shared <= DMMA_SHARED_MAX, "a block's W, x's digits and sums fit its shared memory");
     static bool raised = false;
-    launch_wide_blocks(decode_mma_kernel<FORMAT, NW, CH, RT, RR, MINB>, raised, 1,
-                       dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), NW * WARP, shape::shared, w, dx, dy, stream);
+    launch_wide_blocks(decode_mma_kernel<FORMAT, NW, CH, RT, RR, MINB, XR>, raised, 1,
+                       dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), NW * WARP, shared, w, dx, dy, stream);
 }
 
 /* Tiles of 16 rows a block (T) and of them in registers (R), by rows: the blocks
@@ -442,31 +472,72 @@ static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float
     constexpr bool q8 = FORMAT == COLI_FMT_Q8, narrow = dmma_shape<FORMAT, NW, CH, 1, 0>::cols < 4096;
     const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), TMAX);
     if constexpr (q8)
-        if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) return launch_decode_mma<FORMAT, NW, CH, 2, 2, 1>(w, dx, dy, stream);
-    if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1>(w, dx, dy, stream);
-    else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1>(w, dx, dy, stream);
-    else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 || !narrow ? 2 : 1, 1>(w, dx, dy, stream);
+        if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) return launch_decode_mma<FORMAT, NW, CH, 2, 2, 1, false>(w, dx, dy, stream);
+    if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1, false>(w, dx, dy, stream);
+    else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1, false>(w, dx, dy, stream);
+    else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 || !narrow ? 2 : 1, 1, false>(w, dx, dy, stream);
     else if constexpr (TMAX >= 6) {
-        if (t == 5) launch_decode_mma<FORMAT, NW, CH, 5, 2, 1>(w, dx, dy, stream);
-        else launch_decode_mma<FORMAT, NW, CH, 6, 3, 1>(w, dx, dy, stream);
+        if (t == 5) launch_decode_mma<FORMAT, NW, CH, 5, 2, 1, false>(w, dx, dy, stream);
+        else launch_decode_mma<FORMAT, NW, CH, 6, 3, 1, false>(w, dx, dy, stream);
     }
 }
 
-/* S = 1 through decode_mma_kernel where it beats the other kernels (bench/RESULTS.md,
- * seventeenth to nineteenth passes; blocks of one tile a warp's slice wide):
- *   int8  2048 columns up to 24 rows an SM, 3072 and 4096 up to 48 (tiles by
- *         launch_decode_mma_tiles; 4096 x 4096: 5.6 -> 4.5 us); 8192 up to 8
- *         rows an SM two tiles a block (one in registers), else blocks of one
- *         while they leave a quarter of the SMs free.
- *   int4  3072 columns up to 32 rows an SM, 4096 up to 48 (tiles again; 4096 x
- *         4096: 3.8 -> 3.3 us); 8192 blocks of one tile while they leave a
- *         quarter of the SMs free, else two up to 16 rows an SM.
- * Returns whether it launched. */
-template <int FORMAT> static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    if (!decode_mma_laid(w)) return false;
+/* 8192 columns (XR: x read first, or not): int8 up to 8 rows an SM two tiles a block
+ * (one in registers), else blocks of one while they leave a quarter of the SMs free;
+ * int4 blocks of one tile while they leave a quarter of the SMs free, else two up to
+ * 16 rows an SM. Returns whether it launched. */
+template <int FORMAT, bool XR> static bool launch_decode_mma_8192(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     const int64_t sms = sm_count(), per_sm = (w->rows + sms - 1) / sms;
     const bool quarter_free = (w->rows + 15) / 16 * 4 <= 3 * sms; /* blocks of 16 rows */
+    if constexpr (FORMAT == COLI_FMT_Q8) {
+        if (per_sm <= 8) return launch_decode_mma<FORMAT, 16, 8, 2, 1, 1, XR>(w, dx, dy, stream), true;
+        if (quarter_free) return launch_decode_mma<FORMAT, 16, 8, 1, 0, 1, XR>(w, dx, dy, stream), true;
+    } else {
+        if (quarter_free) return launch_decode_mma<FORMAT, 16, 4, 1, 0, 1, XR>(w, dx, dy, stream), true;
+        if (per_sm <= 16) return launch_decode_mma<FORMAT, 16, 4, 2, 1, 1, XR>(w, dx, dy, stream), true;
+    }
+    return false;
+}
+
+/* S = 1 through decode_mma_kernel where it beats the other kernels (bench/RESULTS.md,
+ * seventeenth to nineteenth passes; blocks of one tile a warp's slice wide), when
+ * it waits for the call before before it reads x:
+ *   int8  2048 columns up to 24 rows an SM, 3072 and 4096 up to 48 (tiles by
+ *         launch_decode_mma_tiles; 4096 x 4096: 5.6 -> 4.5 us); 8192 as
+ *         launch_decode_mma_8192 says.
+ *   int4  3072 columns up to 32 rows an SM, 4096 up to 48 (tiles again; 4096 x
+ *         4096: 3.8 -> 3.3 us); 8192 likewise.
+ * With x read first (x_ready) the best blocks are larger, about a third of the
+ * SMs a call at 4096 rows, so that three calls load at once (twenty-seventh pass):
+ *   int8  2048 columns up to 24 rows an SM, 3 tiles a block (2 where the blocks
+ *         are a quarter of the SMs or fewer), 3072 up to 48 4 tiles, 4096 up to
+ *         48 3 tiles, one of them in registers (4096 x 4096: 4.5 -> 4.1 us).
+ *   int4  3072 columns up to 32 rows an SM, 5 tiles, one in registers; 4096 up
+ *         to 112 (14336 rows), 6 tiles, two in registers (4096 x 4096: 3.3 ->
+ *         2.8 us, 14336 x 4096: 10.3 -> 9.3).
+ * Returns whether it launched. */
+template <int FORMAT>
+static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
+    if (!decode_mma_laid(w)) return false;
+    const int64_t sms = sm_count(), per_sm = (w->rows + sms - 1) / sms;
     constexpr bool q8 = FORMAT == COLI_FMT_Q8;
+    if (w->cols == 8192) return x_ready ? launch_decode_mma_8192<FORMAT, true>(w, dx, dy, stream)
+                                        : launch_decode_mma_8192<FORMAT, false>(w, dx, dy, stream);
+    if (x_ready) {
+        if (q8 && w->cols == 2048 && per_sm <= 24) {
+            if ((w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, 8, 4, 2, 2, 1, true>(w, dx, dy, stream);
+            else launch_decode_mma<FORMAT, 8, 4, 3, 1, 1, true>(w, dx, dy, stream);
+        } else if (w->cols == 3072 && per_sm <= (q8 ? 48 : 32)) {
+            if constexpr (q8) launch_decode_mma<FORMAT, 12, 4, 4, 1, 1, true>(w, dx, dy, stream);
+            else launch_decode_mma<FORMAT, 12, 2, 5, 1, 1, true>(w, dx, dy, stream);
+        } else if (w->cols == 4096 && per_sm <= (q8 ? 48 : 112)) {
+            if constexpr (q8) launch_decode_mma<FORMAT, 16, 4, 3, 1, 1, true>(w, dx, dy, stream);
+            else launch_decode_mma<FORMAT, 16, 2, 6, 2, 1, true>(w, dx, dy, stream);
+        } else {
+            return false;
+        }
+        return true;
+    }
     switch (w->cols) {
     case 2048:
         if constexpr (q8)
@@ -478,15 +549,6 @@ template <int FORMAT> static bool launch_decode_mma_pick(const coli_weight *w, c
     case 4096:
         if (per_sm > 48) return false;
         return launch_decode_mma_tiles<FORMAT, 16, q8 ? 4 : 2, q8 ? 4 : 6>(w, dx, dy, stream), true;
-    case 8192:
-        if constexpr (q8) {
-            if (per_sm <= 8) return launch_decode_mma<FORMAT, 16, 8, 2, 1, 1>(w, dx, dy, stream), true;
-            if (quarter_free) return launch_decode_mma<FORMAT, 16, 8, 1, 0, 1>(w, dx, dy, stream), true;
-        } else {
-            if (quarter_free) return launch_decode_mma<FORMAT, 16, 4, 1, 0, 1>(w, dx, dy, stream), true;
-            if (per_sm <= 16) return launch_decode_mma<FORMAT, 16, 4, 2, 1, 1>(w, dx, dy, stream), true;
-        }
-        return false;
     default: return false;
     }
 }

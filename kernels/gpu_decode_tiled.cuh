@@ -81,7 +81,10 @@ template <int NW, int CH, int D, int G, int P> struct dtiled_shape {
     __host__ __device__ static int64_t out_row(int64_t b, int j) { return b / P * rows + (int)(b % P) * 32 + j; }
 };
 
-template <int NW, int CH, int D, int G, int P, int PRE>
+/* XR: no kernel that may still run writes x (launch_matmul's x_ready): x is asked
+ * for first, ahead of the ring, and the wait for the grid before comes only
+ * before y is written. */
+template <int NW, int CH, int D, int G, int P, int PRE, bool XR>
 __global__ void __launch_bounds__(NW * WARP, 1)
     decode_tiled_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
                         const float *__restrict__ x, float *__restrict__ y) {
@@ -109,13 +112,23 @@ __global__ void __launch_bounds__(NW * WARP, 1)
         stage_copy(to + G * TILED_W, (const uint8_t *)scale + item * TILED_S, G * TILED_S, &bar[slot]);
     };
     static_assert(PRE >= 0 && PRE <= shape::ring_groups, "copy groups before the wait: at most the ring");
-    if (lane == 0)
-        for (int k = 0; k < PRE; k++) copy(k);
-    coli_wait_prior_grid(); /* x is the last call's from here on */
-    if (lane == 0) {
+    auto copy_x = [&] { /* the warp's slice of x, into its patch */
         stage_expect(xbar, (uint32_t)(shape::vpl * WARP * 4));
         stage_copy(patch, x + shape::x_at(blockIdx.x, warp), shape::vpl * WARP * 4, xbar);
-        for (int k = PRE; k < shape::ring_groups; k++) copy(k);
+    };
+    if constexpr (XR) {
+        if (lane == 0) {
+            copy_x();
+            for (int k = 0; k < shape::ring_groups; k++) copy(k);
+        }
+    } else {
+        if (lane == 0)
+            for (int k = 0; k < PRE; k++) copy(k);
+        coli_wait_prior_grid(); /* x is the last call's from here on */
+        if (lane == 0) {
+            copy_x();
+            for (int k = PRE; k < shape::ring_groups; k++) copy(k);
+        }
     }
     stage_wait(xbar, 0);
     float v[shape::vpl];
@@ -182,6 +195,7 @@ __global__ void __launch_bounds__(NW * WARP, 1)
 #pragma unroll
     for (int i = 0; i < shape::tiles; i++) dmma_put_rows<COLI_FMT_Q4>(accf[i], e, t, part, warp * shape::part_rows + 16 * i + g);
     __syncthreads();
+    if constexpr (XR) coli_wait_prior_grid(); /* y may be the last call's output, or its x, until here */
     const int j = (int)threadIdx.x;
     const int64_t my_row = shape::out_row(blockIdx.x, j);
     if constexpr (P == 1) {
@@ -206,12 +220,16 @@ __global__ void __launch_bounds__(NW * WARP, 1)
 }
 
 template <int NW, int CH, int D, int G, int P, int PRE = 1>
-static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
     using shape = dtiled_shape<NW, CH, D, G, P>;
     static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's ring, x's digits and sums fit its shared memory");
-    static bool raised = false;
-    launch_wide_blocks(decode_tiled_kernel<NW, CH, D, G, P, PRE>, raised, P, dim3((unsigned)(w->rows / shape::rows * P)),
-                       NW * WARP, shape::shared, w, dx, dy, stream);
+    static bool raised[2] = {false, false}; /* each kernel's own */
+    const dim3 grid((unsigned)(w->rows / shape::rows * P));
+    if (x_ready)
+        launch_wide_blocks(decode_tiled_kernel<NW, CH, D, G, P, PRE, true>, raised[1], P, grid, NW * WARP, shape::shared, w, dx, dy, stream);
+    else
+        launch_wide_blocks(decode_tiled_kernel<NW, CH, D, G, P, PRE, false>, raised[0], P, grid, NW * WARP, shape::shared, w, dx, dy,
+                           stream);
 }
 
 /* The widths decode_tiled_kernel takes and, at each, the fewest rows from which
@@ -226,13 +244,13 @@ static int64_t tiled_min_rows(int64_t cols) { return cols == 8192 ? 4096 : cols 
  * alone (clusters measured 6.5 against 6.3). Rows that are not whole clusters take
  * the blocks alone. */
 
-static void launch_decode_tiled_pick(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+static void launch_decode_tiled_pick(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
     const bool pairs = w->rows % 64 == 0;
-    if (w->cols == 8192) launch_decode_tiled<16, 4, 4, 2, 1>(w, dx, dy, stream);
-    else if (w->cols == 12288 && pairs) launch_decode_tiled<12, 4, 12, 4, 2>(w, dx, dy, stream);
-    else if (w->cols == 12288) launch_decode_tiled<12, 8, 8, 2, 1>(w, dx, dy, stream);
-    else if (pairs) launch_decode_tiled<14, 4, 6, 2, 2>(w, dx, dy, stream);
-    else launch_decode_tiled<14, 8, 8, 2, 1>(w, dx, dy, stream);
+    if (w->cols == 8192) launch_decode_tiled<16, 4, 4, 2, 1>(w, dx, dy, x_ready, stream);
+    else if (w->cols == 12288 && pairs) launch_decode_tiled<12, 4, 12, 4, 2>(w, dx, dy, x_ready, stream);
+    else if (w->cols == 12288) launch_decode_tiled<12, 8, 8, 2, 1>(w, dx, dy, x_ready, stream);
+    else if (pairs) launch_decode_tiled<14, 4, 6, 2, 2>(w, dx, dy, x_ready, stream);
+    else launch_decode_tiled<14, 8, 8, 2, 1>(w, dx, dy, x_ready, stream);
 }
 #endif
 

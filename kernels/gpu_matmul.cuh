@@ -1167,10 +1167,12 @@ static int cc_major(void) {
 /* Consecutive calls overlap (sm_90): every int8/int4 kernel allows the next
  * grid to launch as soon as it starts, and every kernel launched early waits for
  * the grid before it (coli_wait_prior_grid) before it reads x or writes what the
- * last call reads; only W, which no kernel writes, is read before that. So the
- * next call's W loads fill the room the last one's final blocks leave, as a
- * decode step's matmuls follow one another. COLI_GPU_CHAIN=0 launches each call's
- * first kernel after the last call has ended, as before (for comparisons). */
+ * last call reads; only W, which no kernel writes, is read before that, and x too
+ * where the caller says no kernel writes it (launch_matmul's x_ready: the S = 1
+ * kernels then wait only before they write y). So the next call's W loads fill
+ * the room the last one's final blocks leave, as a decode step's matmuls follow
+ * one another. COLI_GPU_CHAIN=0 launches each call's first kernel after the last
+ * call has ended, as before (for comparisons). */
 static int g_chain = -1;
 static bool chain_calls(void) {
     if (g_chain < 0) {
@@ -1405,7 +1407,7 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  *              gemm_kernel below for more tokens, as int4 in the mma layout does.
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
  *              sm_90, rows of 2048 (int8), 3072, 4096 or 8192 columns, up to
- *              16-48 rows an SM,
+ *              16-48 rows an SM (int4 at 4096 columns with x_ready: 112),
  *              decode_mma_kernel (gpu_decode_mma.cuh: launch_decode_mma_pick
  *              says which and how); rows of 2048 to 4096
  *              columns (whole 1024s) and at least 4096 of them,
@@ -1451,20 +1453,20 @@ static bool mma_takes(const coli_weight *w) {
 }
 
 template <int FORMAT>
-static void launch_format(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
+static void launch_format(const coli_weight *w, const float *dx, int64_t s, float *dy, bool x_ready, cudaStream_t stream,
                           bool simple, float *planes) {
     if (simple || (w->layout == TILE_LAYOUT && !planes)) {
         launch_simple<FORMAT>(w, dx, s, dy, stream);
 #if COLI_HAS_PDL
     } else if (FORMAT == COLI_FMT_Q4 && w->layout == TILE_LAYOUT && s == 1) {
-        launch_decode_tiled_pick(w, dx, dy, stream);
+        launch_decode_tiled_pick(w, dx, dy, x_ready, stream);
 #endif
     } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
         const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
 #if COLI_HAS_PDL
         if constexpr (FORMAT != COLI_FMT_F32) {
-            if (launch_decode_mma_pick<FORMAT>(w, dx, dy, stream)) return;
-            if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, dy, stream);
+            if (launch_decode_mma_pick<FORMAT>(w, dx, dy, x_ready, stream)) return;
+            if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, dy, x_ready, stream);
         }
 #endif
         if constexpr (FORMAT == COLI_FMT_Q8) {
@@ -1504,14 +1506,17 @@ static void launch_format(const coli_weight *w, const float *dx, int64_t s, floa
 }
 
 /* One matmul on device pointers; `planes` (device scratch of s * cols floats, or
- * NULL) lets int8 and int4 go through the tensor cores. */
-static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream,
-                                 float *planes) {
+ * NULL) lets int8 and int4 go through the tensor cores. `x_ready`: no kernel
+ * queued before this call that may still run writes dx (as when the caller's own
+ * copy put it there): the S = 1 kernels on sm_90 then read x before they wait for
+ * the kernel before them, and wait only before they write y. */
+static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, bool x_ready,
+                                 cudaStream_t stream, float *planes) {
     const bool simple = simple_only();
     switch (w->format) {
-    case COLI_FMT_F32: launch_format<COLI_FMT_F32>(w, dx, s, dy, stream, simple, planes); break;
-    case COLI_FMT_Q8: launch_format<COLI_FMT_Q8>(w, dx, s, dy, stream, simple, planes); break;
-    default: launch_format<COLI_FMT_Q4>(w, dx, s, dy, stream, simple, planes);
+    case COLI_FMT_F32: launch_format<COLI_FMT_F32>(w, dx, s, dy, x_ready, stream, simple, planes); break;
+    case COLI_FMT_Q8: launch_format<COLI_FMT_Q8>(w, dx, s, dy, x_ready, stream, simple, planes); break;
+    default: launch_format<COLI_FMT_Q4>(w, dx, s, dy, x_ready, stream, simple, planes);
     }
     return cudaGetLastError();
 }
