@@ -223,13 +223,10 @@ template <int NW, int CH, int D, int G, int P, int PRE = 1>
 static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
     using shape = dtiled_shape<NW, CH, D, G, P>;
     static_assert(shape::shared <= DMMA_SHARED_MAX, "a block's ring, x's digits and sums fit its shared memory");
+    const auto kernel = x_ready ? decode_tiled_kernel<NW, CH, D, G, P, PRE, true> : decode_tiled_kernel<NW, CH, D, G, P, PRE, false>;
     static bool raised[2] = {false, false}; /* each kernel's own */
-    const dim3 grid((unsigned)(w->rows / shape::rows * P));
-    if (x_ready)
-        launch_wide_blocks(decode_tiled_kernel<NW, CH, D, G, P, PRE, true>, raised[1], P, grid, NW * WARP, shape::shared, w, dx, dy, stream);
-    else
-        launch_wide_blocks(decode_tiled_kernel<NW, CH, D, G, P, PRE, false>, raised[0], P, grid, NW * WARP, shape::shared, w, dx, dy,
-                           stream);
+    launch_wide_blocks(kernel, raised[x_ready], P, dim3((unsigned)(w->rows / shape::rows * P)), NW * WARP, shape::shared, w, dx, dy,
+                       stream);
 }
 
 /* The widths decode_tiled_kernel takes and, at each, the fewest rows from which
