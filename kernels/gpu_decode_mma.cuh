@@ -510,11 +510,13 @@ template <int FORMAT, bool XR> static bool launch_decode_mma_8192(const coli_wei
  * With x read first (x_ready) the best blocks are larger, about a third of the
  * SMs a call at 4096 rows, so that three calls load at once (twenty-seventh pass):
  *   int8  2048 columns up to 24 rows an SM, 3 tiles a block (2 where the blocks
- *         are a quarter of the SMs or fewer), 3072 up to 48 4 tiles, 4096 up to
+ *         are a quarter of the SMs or fewer), 3072 up to 40 4 tiles, 4096 up to
  *         48 3 tiles, one of them in registers (4096 x 4096: 4.5 -> 4.1 us).
  *   int4  3072 columns up to 32 rows an SM, 5 tiles, one in registers; 4096 up
- *         to 112 (14336 rows), 6 tiles, two in registers (4096 x 4096: 3.3 ->
- *         2.8 us, 14336 x 4096: 10.3 -> 9.3).
+ *         to 48, 6 tiles, two in registers (4096 x 4096: 3.3 -> 2.8 us).
+ * Past those, decode_bulk_kernel at two blocks an SM is faster (twenty-eighth
+ * pass: int4 7168 x 4096 4.76 -> 4.31 us, 14336 x 4096 9.36 -> 8.2; int8 6144 x
+ * 3072 4.56 -> 4.25; at 6144 x 4096 int4 even, 5120 x 3072 int8 mma's by 4%).
  * Returns whether it launched. */
 template <int FORMAT>
 static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
@@ -527,10 +529,10 @@ static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float 
         if (q8 && w->cols == 2048 && per_sm <= 24) {
             if ((w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, 8, 4, 2, 2, 1, true>(w, dx, dy, stream);
             else launch_decode_mma<FORMAT, 8, 4, 3, 1, 1, true>(w, dx, dy, stream);
-        } else if (w->cols == 3072 && per_sm <= (q8 ? 48 : 32)) {
+        } else if (w->cols == 3072 && per_sm <= (q8 ? 40 : 32)) {
             if constexpr (q8) launch_decode_mma<FORMAT, 12, 4, 4, 1, 1, true>(w, dx, dy, stream);
             else launch_decode_mma<FORMAT, 12, 2, 5, 1, 1, true>(w, dx, dy, stream);
-        } else if (w->cols == 4096 && per_sm <= (q8 ? 48 : 112)) {
+        } else if (w->cols == 4096 && per_sm <= 48) {
             if constexpr (q8) launch_decode_mma<FORMAT, 16, 4, 3, 1, 1, true>(w, dx, dy, stream);
             else launch_decode_mma<FORMAT, 16, 2, 6, 2, 1, true>(w, dx, dy, stream);
         } else {

@@ -1407,7 +1407,7 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
  *              gemm_kernel below for more tokens, as int4 in the mma layout does.
  *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
  *              sm_90, rows of 2048 (int8), 3072, 4096 or 8192 columns, up to
- *              16-48 rows an SM (int4 at 4096 columns with x_ready: 112),
+ *              16-48 rows an SM,
  *              decode_mma_kernel (gpu_decode_mma.cuh: launch_decode_mma_pick
  *              says which and how); rows of 2048 to 4096
  *              columns (whole 1024s) and at least 4096 of them,
