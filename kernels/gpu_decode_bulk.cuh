@@ -312,8 +312,8 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
  * 20480 x 2048 even, and a call alone 4-5% slower), one where they fit (5120 x 2048
  * 2.88 -> 2.56); int8 at 4096 columns one (two 6-30% slower). A call alone
  * (COLI_GPU_CHAIN=0) pays for the half ring at some of these: int4 at 3072 columns
- * 6-14% slower, 12288 x 2048 6%, 16384 and 28672 x 4096 4%, int8 7168-12288 x 2048
- * 4-7%. The picks favour calls that follow one another (matmul_many; the bench's
+ * 6-14% slower, 12288 x 2048 6%, 16384 and 28672 x 4096 4%, int8 7168, 10240 and
+ * 12288 x 2048 4-7%. The picks favour calls that follow one another (matmul_many; the bench's
  * measure), as the chaining does. `blocks_per_sm` 1 or 2 forces one form (the bench
  * compares them); 0 picks. */
 template <int FORMAT>
