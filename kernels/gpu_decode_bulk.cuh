@@ -313,21 +313,21 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
  * 2.88 -> 2.56); int8 at 4096 columns one (two 6-30% slower). A call alone
  * (COLI_GPU_CHAIN=0) pays for the half ring at some of these: int4 at 3072 columns
  * 6-14% slower, 12288 x 2048 6%, 16384 and 28672 x 4096 4%, int8 7168, 10240 and
- * 12288 x 2048 4-7%. The picks favour calls that follow one another (matmul_many; the bench's
- * measure), as the chaining does. `blocks_per_sm` 1 or 2 forces one form (the bench
- * compares them); 0 picks. */
+ * 12288 x 2048 4-7%. The picks favour calls that follow one another (matmul_many;
+ * the bench's measure), as the chaining does. `blocks_per_sm` 1 or 2 forces one
+ * form (the bench compares them); 0 picks. */
 template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream,
                                int blocks_per_sm = 0) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
     const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max &&
                       two.ns <= 2 * BULK_GROUPS;
-    /* forced: as many stages as half an SM holds, but at least a turn of the groups (a
-     * slot must stay one group's), so where a turn does not fit (int8 at 4096 columns:
-     * 4 stages, 145 KB) the block takes a whole SM (thirteenth pass) */
     const bool int8_two = !fits && two.nw < BULK_MAX_WARPS && two.rows_max <= BULK_INT8_TWO_ROWS;
     const bool pick_two = !x_ready ? fits : FORMAT == COLI_FMT_Q4 || int8_two;
     const int blocks = blocks_per_sm ? blocks_per_sm : pick_two ? 2 : 1;
+    /* two, not fitting: as many stages as half an SM holds, but at least a turn of the
+     * groups (a slot must stay one group's), so where a turn does not fit (int8 at 4096
+     * columns: 4 stages, 145 KB) the block takes a whole SM (thirteenth pass) */
     if (blocks == 2 && !fits)
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
     if (blocks == 2)
