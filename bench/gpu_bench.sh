@@ -10,8 +10,24 @@ out=${OUT:-bench/out}
 mkdir -p "$out"
 nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -Ikernels bench/gpu_matmul_bench.cu \
   -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
-/tmp/gpu_matmul_bench > "$out/kernels.jsonl"
-rc=$?
+# a wrong setting stops the bench with one line before it touches the GPU
+rc=0
+while IFS='|' read -r setting arg want; do
+  got=$(env -u COLI_BENCH_SHAPES -u COLI_BENCH_ONLY -u COLI_BENCH_S1 -u COLI_BENCH_TILE ${setting:+"$setting"} \
+    /tmp/gpu_matmul_bench $arg 2>&1 >/dev/null)
+  code=$?
+  if [[ $code != 2 || $(wc -l <<< "$got") != 1 || $got != "gpu_matmul_bench: $want"* ]]; then
+    echo "bench settings check: ${setting:-$arg}: exit $code, '$got' (want exit 2, 'gpu_matmul_bench: $want')"
+    rc=1
+  fi
+done <<'CASES'
+COLI_BENCH_SHAPES=4096x||COLI_BENCH_SHAPES: '4096x' is not a shape
+COLI_BENCH_ONLY=decode bulkk||COLI_BENCH_ONLY: 'decode bulkk' is part of no
+COLI_BENCH_S1=yes||COLI_BENCH_S1: 'yes' is not 0 or 1
+COLI_BENCH_TILE=2||COLI_BENCH_TILE: '2' is not 0 or 1
+|profil|unknown argument 'profil' (allowed: none, or `profile`)
+CASES
+/tmp/gpu_matmul_bench > "$out/kernels.jsonl" || rc=1
 # a whole backend call at S = 1, as the engine's decode makes it (copies and the wait included)
 work=$(mktemp -d)
 bash bench/build_cuda_backend.sh "$work/libcoli_cuda.so" &&

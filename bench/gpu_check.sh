@@ -18,11 +18,11 @@ gcc -std=c11 -O2 -Wall -Wextra $inc engine/*.c \
   kernels/cpu_ops.c -lm -lpthread -o "$work/coli" || exit 1
 bash bench/build_cuda_backend.sh "$work/libcoli_cuda.so" \
   -gencode arch=compute_80,code=sm_80 -gencode 'arch=compute_90,code=[sm_90,compute_90]' || exit 1
-"$work/coli" --backend "$work/libcoli_cuda.so" --selftest | tee "$out/selftest.txt"
+"$work/coli" --backend "$work/libcoli_cuda.so" --selftest --shapes gpu | tee "$out/selftest.txt"
 rc=${PIPESTATUS[0]}
-"$work/coli" --backend "$work/libcoli_cuda.so" --selftest --json > "$out/selftest.json"
+"$work/coli" --backend "$work/libcoli_cuda.so" --selftest --shapes gpu --json > "$out/selftest.json"
 if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --leak-check full "$work/coli" --backend "$work/libcoli_cuda.so" --selftest \
+  compute-sanitizer --tool memcheck --leak-check full "$work/coli" --backend "$work/libcoli_cuda.so" --selftest --shapes gpu \
     > "$out/memcheck.txt" 2>&1
   # the selftest's out-of-memory case makes cudaMalloc fail on purpose: API errors are listed, not memory
   # errors; any error beyond them fails the check
@@ -30,7 +30,7 @@ if command -v compute-sanitizer >/dev/null; then
   api=$(grep -c 'Program hit' "$out/memcheck.txt")
   echo "memcheck: ${errors:-no summary} error(s), $api of them the deliberate API errors"
   [[ -n $errors && $errors == "$api" ]] || rc=1
-  compute-sanitizer --tool racecheck "$work/coli" --backend "$work/libcoli_cuda.so" --selftest \
+  compute-sanitizer --tool racecheck "$work/coli" --backend "$work/libcoli_cuda.so" --selftest --shapes gpu \
     > "$out/racecheck.txt" 2>&1
   summary=$(grep -m1 'RACECHECK SUMMARY' "$out/racecheck.txt")
   echo "racecheck: ${summary:-no summary}"

@@ -21,7 +21,7 @@ spec.loader.exec_module(validate)
 host, lib, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 models = [ROOT / "tests/fixtures/models/glm_tiny", ROOT / "tests/fixtures/models/glm_tiny2"]
 cpu = validate.validate_host([], host, models, str, "cpu vs oracle")
-dev = validate.validate_backend([], host, lib, models, ["f32", "int8", "int4"], str, "cuda vs cpu")
+dev = validate.validate_backend([], host, lib, models, ["f32", "int8", "int4"], str, "cuda vs cpu", shapes="gpu")
 # greedy decode through the GPU, against the oracle
 gen = []
 for m in models:

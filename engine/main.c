@@ -1,7 +1,7 @@
 /* coli: the engine's command line. Other tools call it exactly like this:
  *   coli --model DIR --ids 5,17,42 --teacher-force --json
  *   coli --model DIR --ids 5,17,42 --generate N --json
- *   coli --backend PATH --selftest [--json] */
+ *   coli --backend PATH --selftest [--shapes core|gpu] [--json] */
 #if !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -31,7 +31,7 @@ enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 
 static const char USAGE[] =
     "usage: coli --model DIR --ids 5,17,42 (--teacher-force | --generate N) [options]\n"
-    "       coli --backend PATH --selftest [--json] [--device N]\n"
+    "       coli --backend PATH --selftest [--shapes core|gpu] [--json] [--device N]\n"
     "       coli --version\n"
     "options:\n"
     "  --model DIR        config.json + model.safetensors (or shards with model.safetensors.index.json)\n"
@@ -44,7 +44,9 @@ static const char USAGE[] =
     "  --threads N        CPU threads (default: the CPUs available, at most 16)\n"
     "  --device N         backend device index (default 0)\n"
     "  --json             one JSON object on stdout\n"
-    "  --selftest         check every backend op against the CPU path\n";
+    "  --selftest         check every backend op against the CPU path\n"
+    "  --shapes SET       the selftest's shapes: core (default; every CPU-op path) or gpu (core and\n"
+    "                     the large shapes that pick each GPU kernel)\n";
 
 static int usage_error(const char *what, const char *arg) {
     fprintf(stderr, "coli: %s%s%s (see coli --help)\n", what, arg ? ": " : "", arg ? arg : "");
@@ -120,6 +122,8 @@ int main(int argc, char **argv) {
     int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count();
     long generate = -1, v;
     quant_mode quant = QUANT_F32;
+    selftest_shapes shapes = SELFTEST_CORE_SHAPES;
+    int shapes_given = 0;
     const char *quant_name = "f32";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -138,7 +142,7 @@ int main(int argc, char **argv) {
             teacher = 1;
         } else if (!strcmp(a, "--backend") || !strcmp(a, "--model") || !strcmp(a, "--ids") ||
                    !strcmp(a, "--device") || !strcmp(a, "--threads") || !strcmp(a, "--generate") ||
-                   !strcmp(a, "--quant")) {
+                   !strcmp(a, "--quant") || !strcmp(a, "--shapes")) {
             if (!val) return usage_error("option needs a value", a);
             i++;
             if (!strcmp(a, "--backend")) backend_path = strcmp(val, "none") ? val : NULL;
@@ -150,6 +154,11 @@ int main(int argc, char **argv) {
             } else if (!strcmp(a, "--threads")) {
                 if (parse_count(val, 256, &v) || v < 1) return usage_error("--threads must be an integer in 1..256", val);
                 threads = (int)v;
+            } else if (!strcmp(a, "--shapes")) {
+                if (!strcmp(val, "core")) shapes = SELFTEST_CORE_SHAPES;
+                else if (!strcmp(val, "gpu")) shapes = SELFTEST_GPU_SHAPES;
+                else return usage_error("--shapes must be core or gpu", val);
+                shapes_given = 1;
             } else if (!strcmp(a, "--generate")) {
                 if (parse_count(val, 1 << 20, &generate)) return usage_error("--generate must be a count", val);
             } else {
@@ -168,6 +177,7 @@ int main(int argc, char **argv) {
     char err[1024];
     int have_backend = 0;
     char backend_error[1100] = "";
+    if (shapes_given && !selftest) return usage_error("--shapes applies to --selftest only", NULL);
     if (selftest) {
         if (!backend_path) return usage_error("--selftest needs --backend PATH", NULL);
         if (coli_backend_open(backend_path, &b, err, sizeof err) != 0) {
@@ -175,7 +185,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s; GPU tier disabled (CPU path remains active)\n", err);
             return SELFTEST_LOAD_FAILED;
         }
-        int rc = coli_selftest(&b, device, json, stdout);
+        int rc = coli_selftest(&b, device, shapes, json, stdout);
         coli_backend_close(&b);
         return rc;
     }

@@ -9,50 +9,48 @@
 #include "json_out.h"
 
 #define TOLERANCE 2e-4 /* max |y - ref| / max |ref|: float sums in a different order */
-/* Decode and prefill shapes, chosen to reach every GPU kernel and its edges
- * (gpu_matmul.cuh): int8/int4 through the tensor cores with rows that do not fill
- * a block's 16, fewer chunks than a block's warps and chunks that do not divide
- * among them, 1, 2, 4 and 8 pairs of tokens with the last pair half empty; f32
- * decode with a row tail shorter than a warp's pass, 2, 4 and 8 tokens per pass
- * and two passes; tiles cut by the row and token ends, over int4 rows in the mma
- * layout and with groups that are not 32; int4 decode with more groups of rows
- * than a GPU's warps at once (each warp walks several, the last group half
- * empty); int8/int4 decode streamed by the copy engine (sm_90), a block an SM
- * (8200 x 3072; 12300 x 2048: 8 rows a stage; 8200 x 2048 int8: half its stages
- * before the wait, the rest after x's units) and two (4100 x 2048; 8200 x 2048
- * int4: 8 stages, all early; 6150 x 2048: 6 stages, not a whole turn of the
- * groups), the blocks' last stages short; int8/int4 decode on the tensor cores
- * (gpu_decode_mma.cuh, sm_90) at every row width and block shape the launch
- * picks for calls whose x is in place, as this host's are (x read first: int8 2
- * tiles a block, both in registers, at 600 x 2048 and 3 at 2000 x 2048; 3 at 4096
- * columns, 4 at 3072, 1 in registers: 1000, 2000, 4000, 5000 and 6000 x 4096, 3000
- * and 4000 x 3072; int4 5 tiles, 1 in registers, at 3000 and 4000 x 3072, 6, 2 in
- * registers, at 1000 to 6000 x 4096 and past half the SMs' rows, 10000 and, in two
- * waves, 14000 x 4096; 8192 columns, int8 and int4 1 or 2 tiles: 20, 1200 and 2000
- * rows), the blocks' last tiles short;
- * int8/int4 past 16 tokens in gemm_kernel's blocks (gpu_gemm.cuh) of each size
- * the launch picks (8500 x 256: int8 128 x 32 and int4 128 x 64, once the blocks
- * fill an H200's 132 multiprocessors), cut by the row and token ends, with 1
- * chunk (fewer than the stages in flight) and an odd number of them; and the
- * simple kernel, for rows that are not whole chunks or pieces; int4 stored tile by
- * tile (sm_90, 2048-8192 rows of 12288 and 14336 columns, 4096-8192 of 8192):
- * decode_tiled_kernel at each width (12288 and 14336 in clusters of two blocks, 32
- * of them at 2048 rows and 96, more than fit at once, at 6144; 4128 rows, not whole
- * clusters, in blocks alone; 8192 x 8192 in two waves), and those weights in
- * mma_kernel (3 tokens) and gemm_kernel (17). */
 typedef struct shape { int64_t rows, cols, s; int32_t group; } shape;
-static const shape SHAPES[] = {{64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 1, 32}, {8200, 64, 1, 32},
-                               {96, 256, 7, 32},  {33, 160, 4, 32},  {48, 128, 13, 32}, {130, 512, 33, 64},
-                               {70, 192, 40, 48}, {64, 96, 2, 48},   {40, 72, 3, 8},    {36, 1152, 1, 32},
-                               {300, 640, 2, 32}, {70, 256, 20, 32}, {16401, 1024, 1, 32}, {8200, 3072, 1, 32},
-                               {4100, 2048, 1, 32}, {8200, 2048, 1, 32}, {6150, 2048, 1, 32},
-                               {12300, 2048, 1, 32}, {8500, 256, 40, 32}, {200, 384, 100, 32}, {100, 128, 24, 32},
-                               {1000, 4096, 1, 32}, {4000, 4096, 1, 32}, {2000, 4096, 1, 32}, {3000, 3072, 1, 32},
-                               {600, 2048, 1, 32}, {1200, 8192, 1, 32}, {5000, 4096, 1, 32}, {6000, 4096, 1, 32},
-                               {4000, 3072, 1, 32}, {2000, 8192, 1, 32}, {4096, 8192, 1, 32}, {4096, 12288, 1, 32},
-                               {4096, 14336, 1, 32}, {4096, 8192, 3, 32}, {4096, 8192, 17, 32}, {4128, 12288, 1, 32},
-                               {4128, 14336, 1, 32}, {2048, 14336, 1, 32}, {2048, 12288, 3, 32}, {6144, 12288, 1, 32},
-                               {8192, 8192, 1, 32}, {2000, 2048, 1, 32}, {10000, 4096, 1, 32}, {14000, 4096, 1, 32}};
+
+/* The core set reaches every path of the CPU ops and the reference backend, and
+ * the GPU backends' simple and general kernels: one token and several (up to 100,
+ * past every token block), rows and tokens that do not fill a block, row lengths
+ * that are not a multiple of 8 (the dot products' tails: 30 and 66), int4 groups
+ * of 6, 8, 22 (a 16, then a pair tail), 32, 48 and 64 (16s with and without a last
+ * 8), and long rows (8192). Small enough for a sanitizer build at -O1. */
+static const shape CORE_SHAPES[] = {
+    {64, 128, 1, 32},  {130, 544, 1, 32}, {20, 8192, 1, 32}, {8200, 64, 1, 32},  {96, 256, 7, 32},
+    {33, 160, 4, 32},  {48, 128, 13, 32}, {130, 512, 33, 64}, {70, 192, 40, 48}, {64, 96, 2, 48},
+    {40, 72, 3, 8},    {36, 1152, 1, 32}, {300, 640, 2, 32}, {70, 256, 20, 32},  {200, 384, 100, 32},
+    {100, 128, 24, 32}, {9, 30, 2, 6},    {17, 66, 3, 22},
+};
+
+/* --shapes gpu adds the shapes that pick each GPU kernel and reach its edges (the
+ * picks are gpu_dispatch.cuh's table): int4 decode with more groups of rows than a
+ * GPU's warps at once (16401 x 1024); decode streamed by the copy engine (sm_90), a
+ * block an SM (8200 x 3072; 12300 x 2048: 8 rows a stage; 8200 x 2048 int8: half its
+ * stages before the wait) and two (4100 x 2048; 8200 x 2048 int4; 6150 x 2048: not a
+ * whole turn of the groups), the blocks' last stages short; decode on the tensor
+ * cores (sm_90) at every row width and block shape the table picks (2048, 3072,
+ * 4096 and 8192 columns, 600 to 14000 rows, past half the SMs' rows and in two
+ * waves), the blocks' last tiles short; gemm_kernel's block sizes once the blocks
+ * fill an H200's 132 multiprocessors (8500 x 256, 40 tokens); int4 stored tile by
+ * tile (2048-8192 rows of 12288 and 14336 columns, 4096-8192 of 8192), in clusters
+ * of two blocks and alone (4128 rows), in two waves (8192 x 8192), and those
+ * weights in mma_kernel (3 tokens) and gemm_kernel (17). Large: for the GPU check
+ * (bench/gpu_check.sh) and the validation of a GPU backend, not for every test. */
+static const shape GPU_SHAPES[] = {
+    {16401, 1024, 1, 32}, {8200, 3072, 1, 32},  {4100, 2048, 1, 32},  {8200, 2048, 1, 32},  {6150, 2048, 1, 32},
+    {12300, 2048, 1, 32}, {8500, 256, 40, 32},  {1000, 4096, 1, 32},  {4000, 4096, 1, 32},  {2000, 4096, 1, 32},
+    {3000, 3072, 1, 32},  {600, 2048, 1, 32},   {1200, 8192, 1, 32},  {5000, 4096, 1, 32},  {6000, 4096, 1, 32},
+    {4000, 3072, 1, 32},  {2000, 8192, 1, 32},  {4096, 8192, 1, 32},  {4096, 12288, 1, 32}, {4096, 14336, 1, 32},
+    {4096, 8192, 3, 32},  {4096, 8192, 17, 32}, {4128, 12288, 1, 32}, {4128, 14336, 1, 32}, {2048, 14336, 1, 32},
+    {2048, 12288, 3, 32}, {6144, 12288, 1, 32}, {8192, 8192, 1, 32},  {2000, 2048, 1, 32},  {10000, 4096, 1, 32},
+    {14000, 4096, 1, 32},
+};
+enum {
+    NCORE = (int)(sizeof CORE_SHAPES / sizeof CORE_SHAPES[0]),
+    NGPU = (int)(sizeof GPU_SHAPES / sizeof GPU_SHAPES[0]),
+};
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
@@ -224,6 +222,8 @@ static int run_bad_inputs(coli_backend *b, bad_case *cases) {
     return n;
 }
 
+const char *selftest_shapes_name(selftest_shapes set) { return set == SELFTEST_GPU_SHAPES ? "gpu" : "core"; }
+
 static void print_unavailable(coli_backend *b, const char *reason, int json, FILE *out) {
     if (json) {
         fputs("{\"backend\": ", out);
@@ -235,9 +235,9 @@ static void print_unavailable(coli_backend *b, const char *reason, int json, FIL
     fprintf(stderr, "[%s] %s; GPU tier disabled (CPU path remains active)\n", b->name, reason);
 }
 
-int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
-    enum { NSHAPE = (int)(sizeof SHAPES / sizeof SHAPES[0]), NMANY = (int)(sizeof MANY_S / sizeof MANY_S[0]) };
-    check checks[3 * NSHAPE + NMANY];
+int coli_selftest(coli_backend *b, int device, selftest_shapes set, int json, FILE *out) {
+    enum { NMANY = (int)(sizeof MANY_S / sizeof MANY_S[0]) };
+    check checks[3 * (NCORE + NGPU) + NMANY];
     bad_case bad[24];
     coli_device_info info;
     char reason[600];
@@ -254,8 +254,12 @@ int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
     }
     if (b->api.backend_set_threads) b->api.backend_set_threads(1);
     int ncheck = 0;
+    const int nshape = set == SELFTEST_GPU_SHAPES ? NCORE + NGPU : NCORE;
     for (int f = 0; f < 3; f++)
-        for (int s = 0; s < NSHAPE; s++) run_check(b, &f, &SHAPES[s].rows, 1, SHAPES[s], &checks[ncheck++]);
+        for (int s = 0; s < nshape; s++) {
+            const shape *sh = s < NCORE ? &CORE_SHAPES[s] : &GPU_SHAPES[s - NCORE];
+            run_check(b, &f, &sh->rows, 1, *sh, &checks[ncheck++]);
+        }
     if (b->api.matmul_many) /* ABI 1.1: a backend of 1.0 leaves it out, and the host makes its calls one by one */
         for (int s = 0; s < NMANY; s++) {
             shape sh = {0, MANY_COLS, MANY_S[s], 32};
@@ -276,8 +280,8 @@ int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
         json_string(out, info.name);
         fputs(", \"arch\": ", out);
         json_string(out, info.arch);
-        fprintf(out, "}, \"abi\": \"%u.%u\", \"tolerance\": %g, \"checks\": [", (unsigned)COLI_ABI_MAJOR,
-                (unsigned)COLI_ABI_MINOR, TOLERANCE);
+        fprintf(out, "}, \"abi\": \"%u.%u\", \"shapes\": \"%s\", \"tolerance\": %g, \"checks\": [",
+                (unsigned)COLI_ABI_MAJOR, (unsigned)COLI_ABI_MINOR, selftest_shapes_name(set), TOLERANCE);
         for (int k = 0; k < ncheck; k++) {
             check *c = &checks[k];
             if (c->format < 0) {
@@ -307,7 +311,7 @@ int coli_selftest(coli_backend *b, int device, int json, FILE *out) {
         }
         fprintf(out, "], \"resident_after_free\": %d, \"passed\": %s}\n", resident_after, passed ? "true" : "false");
     } else {
-        fprintf(out, "backend %s on %s (%s)\n", b->name, info.name, info.arch);
+        fprintf(out, "backend %s on %s (%s), %s shapes\n", b->name, info.name, info.arch, selftest_shapes_name(set));
         for (int k = 0; k < ncheck; k++) {
             check *c = &checks[k];
             if (c->format < 0)

@@ -11,6 +11,11 @@
  * cannot start (no GPU here); 4 means the backend itself could not be loaded. */
 enum { SELFTEST_PASSED = 0, SELFTEST_FAILED = 1, SELFTEST_UNAVAILABLE = 3, SELFTEST_LOAD_FAILED = 4 };
 
-int coli_selftest(coli_backend *b, int device, int json, FILE *out);
+/* Which shapes it checks: the core set reaches every path of the CPU ops and the
+ * reference backend; the gpu set adds the large shapes that pick each GPU kernel. */
+typedef enum { SELFTEST_CORE_SHAPES, SELFTEST_GPU_SHAPES } selftest_shapes;
+
+const char *selftest_shapes_name(selftest_shapes set);
+int coli_selftest(coli_backend *b, int device, selftest_shapes set, int json, FILE *out);
 
 #endif

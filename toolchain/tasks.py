@@ -353,8 +353,10 @@ class _Graph:
         lib = self.host_path(self.plan.backend_lib(spec))
         # the HIP backend binds exactly the configured runtime: here, the SDK's own
         env = {"COLI_HIP_RUNTIME_DIR": self.hip_runtime_dir()} if spec.api == "hip" else {}
+        # a GPU backend's selftest takes the shapes that pick each of its kernels
+        shapes = "core" if spec.api == "ref" else "gpu"
         result = self._no_wine(spec.key) or validate_backend(
-            self.launcher(), self.plan.host_exe, lib, self.models(), cfg.quants, self.host_path, spec.key, env
+            self.launcher(), self.plan.host_exe, lib, self.models(), cfg.quants, self.host_path, spec.key, env, shapes
         )
         self._report(result, out)
 

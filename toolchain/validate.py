@@ -74,10 +74,17 @@ def _engine(
 
 
 def run_selftest(
-    launcher: Sequence[str], host: Path, lib: str, label: str, env: Mapping[str, str] | None = None
+    launcher: Sequence[str],
+    host: Path,
+    lib: str,
+    label: str,
+    env: Mapping[str, str] | None = None,
+    shapes: str = "core",
 ) -> Validation:
-    """The backend's own ops against the CPU path; not-run when its device cannot start."""
-    run = _engine(launcher, host, ["--backend", lib, "--selftest"], env)
+    """The backend's own ops against the CPU path; not-run when its device cannot start.
+    `shapes`: the selftest's set, core (every CPU-op path) or gpu (core and the shapes
+    that pick each GPU kernel)."""
+    run = _engine(launcher, host, ["--backend", lib, "--selftest", "--shapes", shapes], env)
     detail = run.data or {}
     if run.rc == UNAVAILABLE:
         return Validation(label, "not-run", run.message or "backend unavailable", selftest=detail)
@@ -156,10 +163,11 @@ def validate_backend(
     path_of: PathFn,
     label: str,
     env: Mapping[str, str] | None = None,
+    shapes: str = "core",
 ) -> Validation:
-    """Selftest, then the engine through the backend against the CPU path at each format.
-    `env` reaches the backend runs (COLI_HIP_RUNTIME_DIR for a HIP backend)."""
-    selftest = run_selftest(launcher, host, lib, label, env)
+    """Selftest (of `shapes`), then the engine through the backend against the CPU path at
+    each format. `env` reaches the backend runs (COLI_HIP_RUNTIME_DIR for a HIP backend)."""
+    selftest = run_selftest(launcher, host, lib, label, env, shapes)
     if selftest.status != "passed":
         return selftest
     checks: list[dict[str, Any]] = []
