@@ -211,9 +211,11 @@ static void walk_variant(const coli_weight *w, const float *dx, int64_t, float *
     else launch_decode<FORMAT, R, D>(w, dx, g_bench_planes, dy, stream);
 }
 #define WALK(R, D) {"decode walk R" #R " D" #D, 1, nullptr, walk_variant<COLI_FMT_Q8, R, D>, walk_variant<COLI_FMT_Q4, R, D>}
-template <int FORMAT, int BLOCKS_PER_SM>
+/* the bulk kernel's widths, at the rows the table gives it (at least 4096) */
+static bool bulk_times(const coli_weight *w) { return decode_bulk_laid(w) && w->cols >= 2048 && w->rows >= 4096; }
+template <int FORMAT, bulk_blocks BLOCKS>
 static void bulk_variant(const coli_weight *w, const float *dx, int64_t, float *dy, cudaStream_t stream) {
-    if (decode_bulk_takes(w)) launch_decode_bulk<FORMAT>(w, dx, dy, g_x_ready, stream, BLOCKS_PER_SM);
+    if (bulk_times(w)) launch_decode_bulk<FORMAT>(w, dx, dy, g_x_ready, stream, BLOCKS);
     else launch_decode<FORMAT, 2, 4>(w, dx, g_bench_planes, dy, stream);
 }
 #define BULK(NAME, B) {"decode bulk" NAME, 1, nullptr, bulk_variant<COLI_FMT_Q8, B>, bulk_variant<COLI_FMT_Q4, B>}
@@ -272,7 +274,7 @@ static const variant VARIANTS[] = {
     FUSED(2, 3), FUSED(2, 4), FUSED(4, 2),
     DECODE_KS(2, 3, 2), DECODE_KS(2, 4, 2), DECODE_KS(2, 2, 2), DECODE_KS(4, 1, 2), DECODE_KS(4, 2, 2), DECODE_KS(4, 2, 4),
     DECODE_KS(3, 2, 2), WALK(2, 3), WALK(2, 4), WALK(2, 2),
-    BULK("", 0), BULK(" one", 1), BULK(" two", 2),
+    BULK(" one", BULK_ONE), BULK(" two", BULK_TWO),
     GEMV(2, 2, 8), MMA(1, 4, 8), MMA(2, 4, 8), MMA(1, 4, 16), MMA(2, 4, 16), MMA(1, 4, 64), MMA(2, 4, 64),
     MMA(1, 4, 256), MMA(2, 4, 256),
     TILE(32, 64), TILE(64, 64),
@@ -406,8 +408,8 @@ int main(int argc, char **argv) {
             w.group = w.format == COLI_FMT_Q4 ? 32 : 0;
             /* random data: any order is valid; the tile layout where the backend would choose it */
             const bool tile_forced = tile_all && w.format == COLI_FMT_Q4 && w.rows % 32 == 0 && cc_major() >= 9 &&
-                                     !tile_layout_fits(w.format, w.rows, w.cols, w.group); /* the pick would not take it */
-            w.layout = tile_forced || tile_layout_fits(w.format, w.rows, w.cols, w.group) ? TILE_LAYOUT
+                                     !gpu_stores_tile_by_tile(w.format, w.rows, w.cols, w.group); /* the pick would not */
+            w.layout = tile_forced || gpu_stores_tile_by_tile(w.format, w.rows, w.cols, w.group) ? TILE_LAYOUT
                        : mma_layout(w.format, w.cols, w.group)             ? MMA_LAYOUT
                                                                            : 0;
             size_t qb, sb;
@@ -460,9 +462,10 @@ int main(int argc, char **argv) {
                 const double bytes = (double)(qb + sb) + (double)s * (w.cols + w.rows) * 4;
                 const double gbps = bytes / (us * 1e-6) / 1e9;
                 printf("{\"rows\": %lld, \"cols\": %lld, \"s\": %lld, \"format\": \"%s\", \"kernel\": \"%s\", "
-                       "\"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"of_same_size_copy\": %.3f, "
+                       "\"pick\": \"%s\", \"us\": %.2f, \"gbps\": %.1f, \"of_copy\": %.3f, \"of_same_size_copy\": %.3f, "
                        "\"of_same_size_read\": %.3f, \"tflops\": %.2f, \"rel_err\": %.2e, \"ok\": %s}\n",
-                       (long long)w.rows, (long long)w.cols, (long long)s, names[fi], kernel, us, gbps, gbps / copy,
+                       (long long)w.rows, (long long)w.cols, (long long)s, names[fi], kernel,
+                       f ? "" : gpu_pick(&ws[0], s, g_x_ready, true).name, us, gbps, gbps / copy,
                        gbps / same_copy, gbps / same_read, 2.0 * s * w.rows * w.cols / (us * 1e-6) / 1e12, err, ok ? "true" : "false");
                 fflush(stdout);
             };
@@ -492,8 +495,8 @@ int main(int argc, char **argv) {
                                 else if (path == 0) CHECK(launch_matmul(ww, a, s, b, false, g_stream, scratch));
                                 else if (path == 4 && w.format == COLI_FMT_Q8) launch_decode_mma<COLI_FMT_Q8, 16, 4, 3, 1, 1, false>(ww, a, b, g_stream);
                                 else if (path == 4) launch_decode_mma<COLI_FMT_Q4, 16, 2, 3, 1, 1, false>(ww, a, b, g_stream);
-                                else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, b, false, g_stream);
-                                else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, b, false, g_stream);
+                                else if (path == 3 && w.format == COLI_FMT_Q8) launch_decode_bulk<COLI_FMT_Q8>(ww, a, b, false, g_stream, BULK_TWO_IF_FIT);
+                                else if (path == 3) launch_decode_bulk<COLI_FMT_Q4>(ww, a, b, false, g_stream, BULK_TWO_IF_FIT);
                                 else if (w.format == COLI_FMT_Q8) launch_decode<COLI_FMT_Q8, 2, 2, 2>(ww, a, scratch, b, g_stream);
                                 else if (path == 1) launch_decode<COLI_FMT_Q4, 2, 4>(ww, a, scratch, b, g_stream);
                                 else launch_decode_walk<COLI_FMT_Q4, 2, 3>(ww, a, scratch, b, g_stream, decode_walk_per<COLI_FMT_Q4, 2, 3>(ww));

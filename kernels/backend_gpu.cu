@@ -1,6 +1,7 @@
 /* The GPU backend, one source for CUDA (nvcc) and HIP (clang -x hip / hipcc):
  * the ABI's functions, tensor memory and the activations' scratch. The matmul
- * kernels are in gpu_matmul.cuh; the host's --selftest checks every op against
+ * kernels are in the gpu_*.cuh headers, and which one serves a call is
+ * gpu_dispatch.cuh's table; the host's --selftest checks every op against
  * the CPU reference. */
 #define COLI_BUILDING_BACKEND 1
 #include "gpu_compat.h"
@@ -20,7 +21,7 @@ static size_t g_hx_cap = 0, g_hy_cap = 0;
             return coli_fail(COLI_E_RUNTIME, "%s failed: %s", #call, cudaGetErrorString(e_));    \
     } while (0)
 
-#include "gpu_matmul.cuh"
+#include "gpu_dispatch.cuh"
 
 COLI_API uint32_t coli_abi_version(void) { return COLI_ABI_VERSION; }
 COLI_API const char *coli_backend_name(void) { return COLI_GPU_API; }
@@ -113,7 +114,7 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
                          cudaGetErrorString(e));
     }
     /* int4: the kernels' order (gpu_matmul.cuh): tile by tile, scales too, or the mma layout */
-    const bool tiled = !simple_only() && tile_layout_fits(format, rows, cols, group);
+    const bool tiled = !simple_only() && gpu_stores_tile_by_tile(format, rows, cols, group);
     const bool reorder = tiled || (!simple_only() && mma_layout(format, cols, group));
     void *order = reorder ? malloc(qb) : NULL;
     float *sorder = tiled ? (float *)malloc(sb) : NULL;

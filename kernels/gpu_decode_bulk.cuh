@@ -43,7 +43,6 @@
 #define BULK_ROWS 4             /* rows a stage */
 #define BULK_TWO_ROWS 8         /* rows a stage with two blocks an SM, or 2-3 warps a row */
 #define BULK_GROUPS 4           /* groups of consumer warps */
-#define BULK_INT8_TWO_ROWS 128  /* int8 at two blocks an SM up to this many rows an SM (x_ready) */
 #define BULK_PRE 8              /* stages copied before the wait, at most (a block an SM) */
 #define BULK_RING (200 * 1024)  /* shared memory for the stages */
 #define BULK_MAX_THREADS ((BULK_MAX_WARPS * BULK_GROUPS + 1) * WARP)
@@ -239,13 +238,11 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
 #endif
 }
 
-/* Whether decode_bulk_kernel takes a weight at S = 1: sm_90; rows whole warps'
- * columns, 2048 to 4096 of them (4 warps a row at most, so that 4 groups fit a
- * block); at least 4096 rows (int4 in the mma layout). */
-static bool decode_bulk_takes(const coli_weight *w) {
-    const bool fits = w->cols % BULK_COLS_PER_WARP == 0 && w->cols >= 2048 && w->cols <= BULK_MAX_WARPS * BULK_COLS_PER_WARP;
-    const bool laid = w->format == COLI_FMT_Q8 || w->layout == MMA_LAYOUT;
-    return fits && laid && w->rows >= 4096 && cc_major() >= 9;
+/* Whether decode_bulk_kernel can take a weight: sm_90; rows of whole warps' columns,
+ * at most 4 warps' (so that 4 groups fit a block); int8, or int4 in the mma layout. */
+static inline bool decode_bulk_laid(const coli_weight *w) {
+    const bool fits = w->cols % BULK_COLS_PER_WARP == 0 && w->cols <= BULK_MAX_WARPS * BULK_COLS_PER_WARP;
+    return fits && (w->format == COLI_FMT_Q8 || w->layout == MMA_LAYOUT) && cc_major() >= 9;
 }
 
 /* Shared memory a block may have when two share an SM. */
@@ -283,58 +280,37 @@ static void launch_bulk_plan(const bulk_plan &plan, const coli_weight *w, const 
                  plan.shared(), stream, (const uint8_t *)w->q, (const float *)w->scale, (int64_t)w->rows, plan, dx, dy);
 }
 
-/* decode_bulk_kernel, a block an SM or two. Waiting for the call before (no
- * x_ready): two when all of a block's stages fit in half an SM's shared memory
- * (at most 56 registers a thread, 8 rows a stage): then the next call's block
- * becomes resident beside this one and copies its stages while this one runs, not
- * after it has left (tenth pass: int4 4096 x 4096 4.53 -> 3.86 us, int8 4096 x
- * 2048 3.41 -> 2.95). Two blocks only up to two stages a group: the fourteenth
- * pass took them where a block's stages fit only unrounded to a whole turn, which
- * won with 5-6 stages (int8 6144 x 2048 4.70 -> 3.90 us, 5120 x 2048 4.33 -> 3.78;
- * int4 6144 x 3072 4.75 -> 4.27) and lost with 9-10 (int4 9216 x 2048 4.30 ->
- * 4.74). A block an SM takes 8 rows a stage where a row has 2 warps (2048 columns;
- * int4: or 3) and that gives each group at least 3 stages: a stage then holds as
- * much work for each warp as 4 rows do at 4096 columns, with twice the independent
- * sums in flight and half the barrier round trips for the bytes (fourteenth pass:
- * int4 32000 x 2048 14.97 -> 11.80 us, 128256 x 2048 55.9 -> 39.2, 12288 x 2048
- * 6.81 -> 5.68, 16384 x 3072 9.67 -> 9.29; int8 32000 x 2048 16.8 -> 16.0). With
- * fewer stages a group the coarser stages lost (int4 10240 x 2048 4.78 -> 5.15,
- * 11008 x 3072 7.21 -> 7.53); int8 at 3072 columns gained nothing (16384 x 3072
- * 12.90 -> 13.05), and at 4096 columns 8 rows were slower (int8 14336 x 4096 14.4
- * -> 15.7).
- * With x_ready a block cuts x before its wait, so the next call's block, resident
- * beside it, starts at once, and two blocks an SM win far wider when calls follow
- * one another (twenty-eighth pass, 30 shapes, calls back to back): int4 two at
- * every shape, the stages refilled through half an SM where they do not fit it
- * (32000 x 2048 11.6 -> 9.1 us, 8192 x 3072 5.8 -> 3.8, 16384 x 4096 11.5 -> 9.4,
- * 128256 x 2048 38.6 -> 36.1); int8 two where they do not fit, up to 3072 columns
- * and 128 rows an SM (8192 x 2048 5.1 -> 3.7, 16384 x 3072 11.7 -> 11.0; from
- * 20480 x 2048 even, and a call alone 4-5% slower), one where they fit (5120 x 2048
- * 2.88 -> 2.56); int8 at 4096 columns one (two 6-30% slower). A call alone
- * (COLI_GPU_CHAIN=0) pays for the half ring at some of these: int4 at 3072 columns
- * 6-14% slower, 12288 x 2048 6%, 16384 and 28672 x 4096 4%, int8 7168, 10240 and
- * 12288 x 2048 4-7%. The picks favour calls that follow one another (matmul_many;
- * the bench's measure), as the chaining does. `blocks_per_sm` 1 or 2 forces one
- * form (the bench compares them); 0 picks. */
+/* How many of decode_bulk_kernel's blocks share an SM (the dispatch table's choice):
+ * one (the whole ring), two, two only where a block's stages all fit half an SM
+ * (then the next call's block becomes resident beside this one and copies its
+ * stages while this one runs), or two only where they do not (where they fit, one
+ * block with the whole ring reaches its last stages sooner). */
+enum bulk_blocks { BULK_ONE, BULK_TWO, BULK_TWO_IF_FIT, BULK_TWO_UNLESS_FIT };
+
+/* decode_bulk_kernel with `blocks` a block an SM or two. Two blocks an SM take 8 rows a
+ * stage and copy every stage early; where their stages do not fit half an SM they
+ * refill a ring of half an SM. A block alone takes 8 rows a stage where a row has 2
+ * warps (2048 columns; int4: or 3) and that gives each group at least 3 stages: a stage
+ * then holds as much work for each warp as 4 rows do at 4096 columns, with twice the
+ * independent sums in flight and half the barrier round trips for the bytes; with
+ * fewer stages a group, or more warps a row, 4 rows a stage. */
 template <int FORMAT>
 static void launch_decode_bulk(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream,
-                               int blocks_per_sm = 0) {
+                               bulk_blocks blocks) {
     bulk_plan two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, BULK_RING); /* every stage, if the ring holds them */
     const bool fits = two.shared() <= bulk_two_shared() && (int64_t)two.ns * two.t >= two.rows_max &&
                       two.ns <= 2 * BULK_GROUPS;
-    const bool int8_two = !fits && two.nw < BULK_MAX_WARPS && two.rows_max <= BULK_INT8_TWO_ROWS;
-    const bool pick_two = !x_ready ? fits : FORMAT == COLI_FMT_Q4 || int8_two;
-    const int blocks = blocks_per_sm ? blocks_per_sm : pick_two ? 2 : 1;
+    const bool pair = blocks == BULK_TWO || (blocks == BULK_TWO_IF_FIT && fits) || (blocks == BULK_TWO_UNLESS_FIT && !fits);
     /* two, not fitting: as many stages as half an SM holds, but at least a turn of the
      * groups (a slot must stay one group's), so where a turn does not fit (int8 at 4096
-     * columns: 4 stages, 145 KB) the block takes a whole SM (thirteenth pass) */
-    if (blocks == 2 && !fits)
+     * columns: 4 stages, 145 KB) the block takes a whole SM */
+    if (pair && !fits)
         two = bulk_plan_for<FORMAT>(w, BULK_TWO_ROWS, bulk_two_shared() - std::min(bulk_two_shared(), two.stage_at()));
-    if (blocks == 2)
+    if (pair)
         launch_bulk_plan<FORMAT, 2, BULK_TWO_ROWS>(two, w, dx, dy, x_ready, stream);
     else if ((two.nw == 2 || (FORMAT == COLI_FMT_Q4 && two.nw == 3)) &&
              (two.rows_max + BULK_TWO_ROWS - 1) / BULK_TWO_ROWS >= 3 * BULK_GROUPS)
-        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(two, w, dx, dy, x_ready, stream); /* unforced: 8 rows, the whole ring */
+        launch_bulk_plan<FORMAT, 1, BULK_TWO_ROWS>(two, w, dx, dy, x_ready, stream); /* 8 rows, the whole ring */
     else
         launch_bulk_plan<FORMAT, 1, BULK_ROWS>(bulk_plan_for<FORMAT>(w, BULK_ROWS, BULK_RING), w, dx, dy, x_ready, stream);
 }

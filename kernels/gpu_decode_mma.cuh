@@ -445,9 +445,9 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     if (my_row < row_end) y[my_row] = dmma_meet<NW, shape::rows>(part, threadIdx.x) * row_scale;
 }
 
-/* Whether decode_mma_kernel can take a weight of its width: int8, or int4 in the
- * mma layout, on sm_90. */
-static bool decode_mma_laid(const coli_weight *w) {
+/* Whether decode_mma_kernel can take a weight (at a width its shape has): int8, or
+ * int4 in the mma layout, on sm_90. */
+static inline bool decode_mma_laid(const coli_weight *w) {
     return (w->format == COLI_FMT_Q8 || (w->format == COLI_FMT_Q4 && w->layout == MMA_LAYOUT)) && cc_major() >= 9;
 }
 
@@ -461,99 +461,6 @@ static void launch_decode_mma(const coli_weight *w, const float *dx, float *dy, 
                        dim3((unsigned)((w->rows + shape::rows - 1) / shape::rows)), NW * WARP, shared, w, dx, dy, stream);
 }
 
-/* Tiles of 16 rows a block (T) and of them in registers (R), by rows: the blocks
- * about half the SMs (T = rows / 8 SMs, 2 to TMAX), so that the next call's blocks
- * start at once on the other half. int8: half of a block's W in registers (all of
- * it where the blocks are a quarter of the SMs or fewer); int4: one tile up to T
- * = 3, then half, but for 3072 columns one at T = 4 (bench/RESULTS.md,
- * seventeenth to nineteenth passes). */
-template <int FORMAT, int NW, int CH, int TMAX>
-static void launch_decode_mma_tiles(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    constexpr bool q8 = FORMAT == COLI_FMT_Q8, narrow = dmma_shape<FORMAT, NW, CH, 1, 0>::cols < 4096;
-    const int64_t sms = sm_count(), t = std::min<int64_t>(std::max<int64_t>((w->rows + 8 * sms - 1) / (8 * sms), 2), TMAX);
-    if constexpr (q8)
-        if (t == 2 && (w->rows + 31) / 32 * 4 <= sms) return launch_decode_mma<FORMAT, NW, CH, 2, 2, 1, false>(w, dx, dy, stream);
-    if (t == 2) launch_decode_mma<FORMAT, NW, CH, 2, 1, 1, false>(w, dx, dy, stream);
-    else if (t == 3) launch_decode_mma<FORMAT, NW, CH, 3, 1, 1, false>(w, dx, dy, stream);
-    else if (t == 4) launch_decode_mma<FORMAT, NW, CH, 4, q8 || !narrow ? 2 : 1, 1, false>(w, dx, dy, stream);
-    else if constexpr (TMAX >= 6) {
-        if (t == 5) launch_decode_mma<FORMAT, NW, CH, 5, 2, 1, false>(w, dx, dy, stream);
-        else launch_decode_mma<FORMAT, NW, CH, 6, 3, 1, false>(w, dx, dy, stream);
-    }
-}
-
-/* 8192 columns (XR: x read first, or not): int8 up to 8 rows an SM two tiles a block
- * (one in registers), else blocks of one while they leave a quarter of the SMs free;
- * int4 blocks of one tile while they leave a quarter of the SMs free, else two up to
- * 16 rows an SM. Returns whether it launched. */
-template <int FORMAT, bool XR> static bool launch_decode_mma_8192(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
-    const int64_t sms = sm_count(), per_sm = (w->rows + sms - 1) / sms;
-    const bool quarter_free = (w->rows + 15) / 16 * 4 <= 3 * sms; /* blocks of 16 rows */
-    if constexpr (FORMAT == COLI_FMT_Q8) {
-        if (per_sm <= 8) return launch_decode_mma<FORMAT, 16, 8, 2, 1, 1, XR>(w, dx, dy, stream), true;
-        if (quarter_free) return launch_decode_mma<FORMAT, 16, 8, 1, 0, 1, XR>(w, dx, dy, stream), true;
-    } else {
-        if (quarter_free) return launch_decode_mma<FORMAT, 16, 4, 1, 0, 1, XR>(w, dx, dy, stream), true;
-        if (per_sm <= 16) return launch_decode_mma<FORMAT, 16, 4, 2, 1, 1, XR>(w, dx, dy, stream), true;
-    }
-    return false;
-}
-
-/* S = 1 through decode_mma_kernel where it beats the other kernels (bench/RESULTS.md,
- * seventeenth to nineteenth passes; blocks of one tile a warp's slice wide), when
- * it waits for the call before before it reads x:
- *   int8  2048 columns up to 24 rows an SM, 3072 and 4096 up to 48 (tiles by
- *         launch_decode_mma_tiles; 4096 x 4096: 5.6 -> 4.5 us); 8192 as
- *         launch_decode_mma_8192 says.
- *   int4  3072 columns up to 32 rows an SM, 4096 up to 48 (tiles again; 4096 x
- *         4096: 3.8 -> 3.3 us); 8192 likewise.
- * With x read first (x_ready) the best blocks are larger, about a third of the
- * SMs a call at 4096 rows, so that three calls load at once (twenty-seventh pass):
- *   int8  2048 columns up to 24 rows an SM, 3 tiles a block (2 where the blocks
- *         are a quarter of the SMs or fewer), 3072 up to 40 4 tiles, 4096 up to
- *         48 3 tiles, one of them in registers (4096 x 4096: 4.5 -> 4.1 us).
- *   int4  3072 columns up to 32 rows an SM, 5 tiles, one in registers; 4096 up
- *         to 48, 6 tiles, two in registers (4096 x 4096: 3.3 -> 2.8 us).
- * Past those, decode_bulk_kernel at two blocks an SM is faster (twenty-eighth
- * pass: int4 7168 x 4096 4.76 -> 4.31 us, 14336 x 4096 9.36 -> 8.2; int8 6144 x
- * 3072 4.56 -> 4.25; at 6144 x 4096 int4 even, 5120 x 3072 int8 mma's by 4%).
- * Returns whether it launched. */
-template <int FORMAT>
-static bool launch_decode_mma_pick(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
-    if (!decode_mma_laid(w)) return false;
-    const int64_t sms = sm_count(), per_sm = (w->rows + sms - 1) / sms;
-    constexpr bool q8 = FORMAT == COLI_FMT_Q8;
-    if (w->cols == 8192) return x_ready ? launch_decode_mma_8192<FORMAT, true>(w, dx, dy, stream)
-                                        : launch_decode_mma_8192<FORMAT, false>(w, dx, dy, stream);
-    if (x_ready) {
-        if (q8 && w->cols == 2048 && per_sm <= 24) {
-            if ((w->rows + 31) / 32 * 4 <= sms) launch_decode_mma<FORMAT, 8, 4, 2, 2, 1, true>(w, dx, dy, stream);
-            else launch_decode_mma<FORMAT, 8, 4, 3, 1, 1, true>(w, dx, dy, stream);
-        } else if (w->cols == 3072 && per_sm <= (q8 ? 40 : 32)) {
-            if constexpr (q8) launch_decode_mma<FORMAT, 12, 4, 4, 1, 1, true>(w, dx, dy, stream);
-            else launch_decode_mma<FORMAT, 12, 2, 5, 1, 1, true>(w, dx, dy, stream);
-        } else if (w->cols == 4096 && per_sm <= 48) {
-            if constexpr (q8) launch_decode_mma<FORMAT, 16, 4, 3, 1, 1, true>(w, dx, dy, stream);
-            else launch_decode_mma<FORMAT, 16, 2, 6, 2, 1, true>(w, dx, dy, stream);
-        } else {
-            return false;
-        }
-        return true;
-    }
-    switch (w->cols) {
-    case 2048:
-        if constexpr (q8)
-            if (per_sm <= 24) return launch_decode_mma_tiles<FORMAT, 8, 4, 4>(w, dx, dy, stream), true;
-        return false;
-    case 3072:
-        if (per_sm > (q8 ? 48 : 32)) return false;
-        return launch_decode_mma_tiles<FORMAT, 12, q8 ? 4 : 2, 4>(w, dx, dy, stream), true;
-    case 4096:
-        if (per_sm > 48) return false;
-        return launch_decode_mma_tiles<FORMAT, 16, q8 ? 4 : 2, q8 ? 4 : 6>(w, dx, dy, stream), true;
-    default: return false;
-    }
-}
 #endif
 
 #endif

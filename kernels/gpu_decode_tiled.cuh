@@ -229,26 +229,6 @@ static void launch_decode_tiled(const coli_weight *w, const float *dx, float *dy
                        stream);
 }
 
-/* The widths decode_tiled_kernel takes and, at each, the fewest rows from which
- * the tile layout measured faster than the mma layout (twenty-second pass, run 10:
- * at 8192 columns and 2048 rows it was 3% slower); 0 for any other width. */
-static int64_t tiled_min_rows(int64_t cols) { return cols == 8192 ? 4096 : cols == 12288 || cols == 14336 ? 2048 : 0; }
-
-/* Each width's form that measured best (twenty-first and twenty-second passes:
- * warps x chunks a warp, items in a warp's ring, a copy, blocks a cluster): at 12288
- * and 14336 columns clusters of two, each block half of every row (x's bytes an SM
- * halved: 4096 x 14336 11.5 -> 10.4 us, x 12288 9.7 -> 8.9); at 8192 the blocks
- * alone (clusters measured 6.5 against 6.3). Rows that are not whole clusters take
- * the blocks alone. */
-
-static void launch_decode_tiled_pick(const coli_weight *w, const float *dx, float *dy, bool x_ready, cudaStream_t stream) {
-    const bool pairs = w->rows % 64 == 0;
-    if (w->cols == 8192) launch_decode_tiled<16, 4, 4, 2, 1>(w, dx, dy, x_ready, stream);
-    else if (w->cols == 12288 && pairs) launch_decode_tiled<12, 4, 12, 4, 2>(w, dx, dy, x_ready, stream);
-    else if (w->cols == 12288) launch_decode_tiled<12, 8, 8, 2, 1>(w, dx, dy, x_ready, stream);
-    else if (pairs) launch_decode_tiled<14, 4, 6, 2, 2>(w, dx, dy, x_ready, stream);
-    else launch_decode_tiled<14, 8, 8, 2, 1>(w, dx, dy, x_ready, stream);
-}
 #endif
 
 #endif

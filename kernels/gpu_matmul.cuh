@@ -1292,11 +1292,6 @@ static void launch_decode_walk(const coli_weight *w, const float *dx, float *pla
 /* The same with x cut into units by each block (decode_kernel's FUSED), for rows
  * whose units fit the default 48 KiB of shared memory (cols <= 12288). */
 #define FUSED_MAX_COLS (48 * 1024 / 4)
-/* Up to 4096 x 4096 a call is short enough that the prep kernel's own launch and
- * the wait for it cost more than every block cutting x again (bench/RESULTS.md). */
-#ifndef FUSED_MAX_ELEMS
-#define FUSED_MAX_ELEMS ((int64_t)1 << 24)
-#endif
 template <int FORMAT, int R, int D>
 static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
     const size_t shared = (size_t)w->cols * 4;
@@ -1308,27 +1303,6 @@ static void launch_decode_fused(const coli_weight *w, const float *dx, float *dy
 #include "gpu_decode_bulk.cuh"
 #include "gpu_decode_mma.cuh"
 #include "gpu_decode_tiled.cuh"
-
-/* Whether an int4 weight is stored tile by tile (TILE_LAYOUT) for decode_tiled_kernel:
- * sm_90, groups of 32, a width it takes, rows of whole blocks (32) from its
- * tiled_min_rows to 8192 (the rows measured: one token 1-25% faster than in the mma
- * layout, 64 and 256 tokens 5-6%, 8 and 16 tokens up to 5% slower, 6% before
- * mma_kernel's copies read whole items; decode_mma_kernel and decode_kernel keep the
- * rest). COLI_GPU_TILE=0 keeps the mma layout. */
-static bool tile_layout_fits(int32_t format, int64_t rows, int64_t cols, int32_t group) {
-#if COLI_HAS_PDL
-    static int off = -1;
-    if (off < 0) {
-        const char *v = getenv("COLI_GPU_TILE");
-        off = v && strcmp(v, "0") == 0;
-    }
-    return !off && format == COLI_FMT_Q4 && group == 32 && tiled_min_rows(cols) > 0 && rows % 32 == 0 &&
-           rows >= tiled_min_rows(cols) && rows <= 8192 && cc_major() >= 9;
-#else
-    (void)format, (void)rows, (void)cols, (void)group;
-    return false;
-#endif
-}
 
 /* Past the default 48 KiB of dynamic shared memory, once per kernel (`raised`: that kernel's own flag). */
 template <typename Kernel> static void allow_shared(Kernel kernel, int bytes, bool &raised) {
@@ -1397,128 +1371,5 @@ static void launch_simple(const coli_weight *w, const float *dx, int64_t s, floa
                                                                dx, dy);
 }
 
-
-/* Which kernel and shape each call takes: the fastest of the variants
- * bench/gpu_matmul_bench.cu sweeps, on the H200 (bench/RESULTS.md):
- *   int4 S = 1 stored tile by tile (tile_layout_fits: sm_90, 2048-8192 rows of
- *              12288 or 14336 columns, 4096-8192 of 8192): decode_tiled_kernel
- *              (gpu_decode_tiled.cuh; 12288 and 14336 in clusters of two blocks
- *              where the rows are whole clusters); those weights take the mma kernel and
- *              gemm_kernel below for more tokens, as int4 in the mma layout does.
- *   int8, int4 S = 1 (int8 rows of whole pieces, int4 in the mma layout): on
- *              sm_90, rows of 2048 (int8), 3072, 4096 or 8192 columns, up to
- *              16-48 rows an SM,
- *              decode_mma_kernel (gpu_decode_mma.cuh: launch_decode_mma_pick
- *              says which and how); rows of 2048 to 4096
- *              columns (whole 1024s) and at least 4096 of them,
- *              decode_bulk_kernel; else the
- *              decode kernel; up to 4096 x 4096 with x cut by every block
- *              (FUSED; int8 2 rows per warp and 4 runs in flight, int4 2 and 3);
- *              above, int8 with 2 warps to a group of rows, 4 rows and one run
- *              in flight when rows fill the GPU (8192 or more), else 2 rows and
- *              2 runs; int4 2 rows and 4 runs, or, when the groups of rows
- *              outnumber the warps the GPU holds at once (and rows are whole
- *              runs), 3 runs with each warp walking on through several groups
- *              (decode_walk_kernel).
- *   int8, int4 S = 2 to 16 (int8 rows of whole chunks, int4 in the mma layout):
- *              the mma kernel, 16 rows per block (32 for int8 past 8 tokens and
- *              for int4 from 5 to 16), 4 stages in flight.
- *   int8, int4 S > 16 (the same weights): gemm_kernel (gpu_gemm.cuh), blocks of
- *              8 warps of 32 x 16 each: int8 64 rows x 64 tokens while such
- *              blocks leave multiprocessors idle, else 128 x 32; int4 128 x 32
- *              while those leave some idle, else 128 x 64 (warps of 32 x 32).
- *   f32 S <= 16  2 rows per warp; a ring of 4 runs for one token, 2 for more,
- *              up to 8 tokens per pass.
- *   S > 16     tiles; half-height ones when full ones would not give every
- *              multiprocessor a block.
- *   the rest   the simple kernel. */
-#define GEMV_MAX_S 16
-#define GEMM_MIN_S 16 /* more tokens than this: gemm_kernel */
-
-/* COLI_GPU_SIMPLE=1: the simple kernel only, and weights in the ABI's order, for comparisons. */
-static bool simple_only(void) {
-    static int simple = -1;
-    if (simple < 0) simple = getenv("COLI_GPU_SIMPLE") != NULL;
-    return simple != 0;
-}
-
-/* Whether decode_kernel takes a weight at S = 1 (given scratch for x's digits). */
-static bool decode_takes(const coli_weight *w) {
-    return w->format == COLI_FMT_Q8 ? w->cols % 16 == 0 : w->layout == MMA_LAYOUT;
-}
-
-/* Whether the mma kernel (and gemm_kernel) takes a weight (given scratch for x's digits). */
-static bool mma_takes(const coli_weight *w) {
-    return w->format == COLI_FMT_Q8 ? w->cols % mma_fmt<COLI_FMT_Q8>::cols == 0 : w->layout == MMA_LAYOUT || w->layout == TILE_LAYOUT;
-}
-
-template <int FORMAT>
-static void launch_format(const coli_weight *w, const float *dx, int64_t s, float *dy, bool x_ready, cudaStream_t stream,
-                          bool simple, float *planes) {
-    if (simple || (w->layout == TILE_LAYOUT && !planes)) {
-        launch_simple<FORMAT>(w, dx, s, dy, stream);
-#if COLI_HAS_PDL
-    } else if (FORMAT == COLI_FMT_Q4 && w->layout == TILE_LAYOUT && s == 1) {
-        launch_decode_tiled_pick(w, dx, dy, x_ready, stream);
-#endif
-    } else if (FORMAT != COLI_FMT_F32 && planes && s == 1 && decode_takes(w)) {
-        const bool small = w->rows * w->cols <= FUSED_MAX_ELEMS && w->cols <= FUSED_MAX_COLS;
-#if COLI_HAS_PDL
-        if constexpr (FORMAT != COLI_FMT_F32) {
-            if (launch_decode_mma_pick<FORMAT>(w, dx, dy, x_ready, stream)) return;
-            if (decode_bulk_takes(w)) return launch_decode_bulk<FORMAT>(w, dx, dy, x_ready, stream);
-        }
-#endif
-        if constexpr (FORMAT == COLI_FMT_Q8) {
-            if (small) launch_decode_fused<FORMAT, 2, 4>(w, dx, dy, stream);
-            else if (w->rows >= 8192) launch_decode<FORMAT, 4, 1, 2>(w, dx, planes, dy, stream);
-            else launch_decode<FORMAT, 2, 2, 2>(w, dx, planes, dy, stream);
-        } else if constexpr (FORMAT == COLI_FMT_Q4) {
-            const int per = decode_walk_per<FORMAT, 2, 3>(w);
-            if (small) launch_decode_fused<FORMAT, 2, 3>(w, dx, dy, stream);
-            else if (decode_pieces<FORMAT>(w) % WARP == 0 && per > 1) launch_decode_walk<FORMAT, 2, 3>(w, dx, planes, dy, stream, per);
-            else launch_decode<FORMAT, 2, 4>(w, dx, planes, dy, stream);
-        }
-    } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w) && s > GEMM_MIN_S) {
-        if constexpr (FORMAT == COLI_FMT_Q8) {
-            if ((w->rows + 63) / 64 * ((s + 63) / 64) < sm_count()) launch_gemm<FORMAT, 2, 4, 2, 2>(w, dx, s, planes, dy, stream);
-            else launch_gemm<FORMAT, 4, 2, 2, 2>(w, dx, s, planes, dy, stream);
-        } else if constexpr (FORMAT == COLI_FMT_Q4) {
-            constexpr int NT = COLI_HAS_PDL ? 4 : 2; /* 2 stages of 128 x 64 overfill AMD's 64 KiB */
-            if ((w->rows + 127) / 128 * ((s + 31) / 32) < sm_count()) launch_gemm<FORMAT, 4, 2, 2, 2>(w, dx, s, planes, dy, stream);
-            else launch_gemm<FORMAT, 4, 2, 2, NT>(w, dx, s, planes, dy, stream);
-        }
-    } else if (FORMAT != COLI_FMT_F32 && planes && mma_takes(w)) {
-        if constexpr (FORMAT != COLI_FMT_F32) {
-            constexpr int TALL = FORMAT == COLI_FMT_Q4 && !COLI_HAS_PDL ? 1 : 2; /* int4's 32 rows overfill AMD's 64 KiB */
-            if (FORMAT == COLI_FMT_Q8 ? s > 8 : s > 4 && s <= 16) launch_mma<FORMAT, TALL, 4>(w, dx, s, planes, dy, stream);
-            else launch_mma<FORMAT, 1, 4>(w, dx, s, planes, dy, stream);
-        }
-    } else if (s > GEMV_MAX_S && w->cols % TILE_K == 0) {
-        if ((w->rows + 63) / 64 * ((s + TILE_N - 1) / TILE_N) < sm_count()) launch_tile<FORMAT, 32>(w, dx, s, dy, stream);
-        else launch_tile<FORMAT, 64>(w, dx, s, dy, stream);
-    } else if (FORMAT == COLI_FMT_F32 && w->cols % 4 == 0) {
-        if (s == 1) launch_gemv<2, 4, 1>(w, dx, s, dy, stream);
-        else launch_gemv_tokens<2, 2>(w, dx, s, dy, stream);
-    } else {
-        launch_simple<FORMAT>(w, dx, s, dy, stream);
-    }
-}
-
-/* One matmul on device pointers; `planes` (device scratch of s * cols floats, or
- * NULL) lets int8 and int4 go through the tensor cores. `x_ready`: no kernel
- * queued before this call that may still run writes dx (as when the caller's own
- * copy put it there): the S = 1 kernels on sm_90 then read x before they wait for
- * the kernel before them, and wait only before they write y. */
-static cudaError_t launch_matmul(const coli_weight *w, const float *dx, int64_t s, float *dy, bool x_ready,
-                                 cudaStream_t stream, float *planes) {
-    const bool simple = simple_only();
-    switch (w->format) {
-    case COLI_FMT_F32: launch_format<COLI_FMT_F32>(w, dx, s, dy, x_ready, stream, simple, planes); break;
-    case COLI_FMT_Q8: launch_format<COLI_FMT_Q8>(w, dx, s, dy, x_ready, stream, simple, planes); break;
-    default: launch_format<COLI_FMT_Q4>(w, dx, s, dy, x_ready, stream, simple, planes);
-    }
-    return cudaGetLastError();
-}
 
 #endif

@@ -60,24 +60,6 @@ def built_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root
 
 
-def _group(item: pytest.Item) -> str:
-    """The worker group (pytest-xdist's loadgroup) of a test: the tests that share a costly
-    fixture run on one worker, so it is built once; the rest go by module (module fixtures)."""
-    names = getattr(item, "fixturenames", ())
-    for shared in ("sanitized", "built_project", "released"):
-        if shared in names:
-            return shared
-    callspec = getattr(item, "callspec", None)
-    if "fx" in names and callspec is not None:
-        return f"contract-{callspec.params['fx']}"
-    return item.module.__name__ if isinstance(item, pytest.Function) and item.module else item.nodeid
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("COLI_FAIL_ON_SKIP") != "1":
         return

@@ -61,6 +61,7 @@ BACKEND_HEADERS = (
     "kernels/gpu_decode_mma.cuh",
     "kernels/gpu_decode_tiled.cuh",
     "kernels/gpu_gemm.cuh",
+    "kernels/gpu_dispatch.cuh",
 )
 GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")
 
