@@ -1,5 +1,6 @@
 """The short tables at the end of a GPU run: the kernels' times from
-gpu_matmul_bench (kernels.jsonl) beside PyTorch's f16 (torch_f16.jsonl), and a
+gpu_matmul_bench (kernels.jsonl) beside PyTorch's f16 (torch_f16.jsonl), the
+dispatch table's pick beside the fastest variant timed at each shape, and a
 whole backend call's latency from call_latency (call_latency.jsonl).
 
     python3 bench/gpu_summary.py OUT_DIR
@@ -36,6 +37,23 @@ def main(out: Path) -> int:
             read = f"/{r['of_same_size_read']:.0%}" if r and "of_same_size_read" in r else ""
             cells.append(f"{r['us']:7.2f} ({r['of_copy']:.0%}/{r['of_same_size_copy']:.0%}{read})" if r else "-")
         print(f"{sh[0]:>6}x{sh[1]:<6} " + " ".join(f"{c:>26}" for c in cells) + f" {f16.get((*sh, 1), '-'):>10}")
+    print("the dispatch table's pick beside the fastest variant timed (calls back to back, us)")
+    for sh in shapes:
+        for f in FORMATS:
+            for s in sorted({r["s"] for r in rows if (r["rows"], r["cols"], r["format"]) == (*sh, f)}):
+                pick = auto.get((*sh, s, f))
+                vs = [
+                    r
+                    for r in rows
+                    if (r["rows"], r["cols"], r["s"], r["format"]) == (*sh, s, f) and not r["kernel"].startswith("auto")
+                ]
+                if not pick or not vs:
+                    continue
+                best = min(vs, key=lambda r: r["us"])
+                print(
+                    f"{sh[0]:>6}x{sh[1]:<6} {f:>5} s={s:<3} pick {pick.get('pick', '?'):<34} {pick['us']:8.2f}   "
+                    f"fastest {best['kernel']:<34} {best['us']:8.2f}   pick/fastest {pick['us'] / best['us']:.2f}"
+                )
     print("variants, us (best marked *)")
     for sh in shapes:
         for f in FORMATS:

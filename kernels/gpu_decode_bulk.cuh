@@ -37,6 +37,8 @@
 #ifndef COLI_GPU_DECODE_BULK_CUH
 #define COLI_GPU_DECODE_BULK_CUH
 
+#include "gpu_decode.cuh"
+
 #if COLI_HAS_PDL
 #define BULK_COLS_PER_WARP 1024 /* 32 columns a lane */
 #define BULK_MAX_WARPS 4        /* warps a row at most (4096 columns) */

@@ -41,6 +41,8 @@
 #ifndef COLI_GPU_DECODE_MMA_CUH
 #define COLI_GPU_DECODE_MMA_CUH
 
+#include "gpu_formats.cuh"
+
 #if COLI_HAS_PDL
 #define DMMA_BITS 30    /* int8: |v| < 2^30, four digits, the top one in [-64, 64] */
 #define DMMA_Q4_BITS 26 /* int4: |v| < 2^26, so that 16 v and v - 16 v' (dmma_run_words) are four digits too */

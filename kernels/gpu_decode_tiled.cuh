@@ -31,6 +31,9 @@
 #ifndef COLI_GPU_DECODE_TILED_CUH
 #define COLI_GPU_DECODE_TILED_CUH
 
+#include "gpu_decode_bulk.cuh"
+#include "gpu_decode_mma.cuh"
+
 #if COLI_HAS_PDL
 #define TILED_W 1024 /* an item's W bytes */
 #define TILED_S 256  /* and its scales' */

@@ -21,7 +21,11 @@
 
 #include <stdint.h>
 
-#include "gpu_matmul.cuh"
+#include "gpu_decode_tiled.cuh"
+#include "gpu_gemm.cuh"
+#include "gpu_gemv.cuh"
+#include "gpu_simple.cuh"
+#include "gpu_tile.cuh"
 
 /* One kernel in one launch shape. `planes`: device scratch of s x cols floats for
  * x's digits, or NULL. */

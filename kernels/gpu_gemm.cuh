@@ -27,6 +27,8 @@
 #ifndef COLI_GPU_GEMM_CUH
 #define COLI_GPU_GEMM_CUH
 
+#include "gpu_mma.cuh"
+
 /* Shared memory a gemm block's stages may take (within BLOCK_SHARED_MAX), and the
  * most stages in flight: more did not help (bench/RESULTS.md, sixteenth pass). */
 #define GEMM_SHARED_BUDGET (COLI_HAS_PDL ? 96 * 1024 : 64 * 1024)

@@ -15,9 +15,8 @@
  * and decode_tiled_kernel's blocks, alone or in clusters, take every item and
  * write every row once (check_tiled_cover).
  * Exit 0 when all hold. */
-#include "gpu_compat.h"
-#include "backend_common.h"
-#include "gpu_matmul.cuh"
+#include "gpu_decode_tiled.cuh"
+#include "gpu_gemm.cuh"
 
 #include <cmath>
 #include <cstring>
