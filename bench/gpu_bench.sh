@@ -8,6 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
 mkdir -p "$out"
+source bench/gpu_build.sh || exit 1 # the backend for call_latency, and build/gen for the bench
 nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -Ikernels bench/gpu_matmul_bench.cu \
   -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 # a wrong setting stops the bench with one line before it touches the GPU
@@ -28,11 +29,12 @@ COLI_BENCH_TILE=2||COLI_BENCH_TILE: '2' is not 0 or 1
 |profil|unknown argument 'profil' (allowed: none, or `profile`)
 CASES
 /tmp/gpu_matmul_bench > "$out/kernels.jsonl" || rc=1
-# a whole backend call at S = 1, as the engine's decode makes it (copies and the wait included)
+# a whole backend call at S = 1, as the engine's decode makes it (copies and the wait included),
+# through the backend the task graph built
 work=$(mktemp -d)
-bash bench/build_cuda_backend.sh "$work/libcoli_cuda.so" &&
-  gcc -std=c11 -O2 -Wall -Wextra -Ibuild/gen bench/call_latency.c -L"$work" -l:libcoli_cuda.so -o "$work/call_latency" &&
-  LD_LIBRARY_PATH="$work" "$work/call_latency" > "$out/call_latency.jsonl" || rc=1
+gcc -std=c11 -O2 -Wall -Wextra -Ibuild/gen bench/call_latency.c -L"$(dirname "$LIB")" -l:libcoli_cuda.so \
+    -o "$work/call_latency" &&
+  LD_LIBRARY_PATH="$(dirname "$LIB")" "$work/call_latency" > "$out/call_latency.jsonl" || rc=1
 if [[ ${COLI_BENCH_TORCH:-1} == 1 ]]; then python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1; fi
 python3 bench/gpu_summary.py "$out" || rc=1
 # where the S = 1 kernels spend their time (hardware counters; the clocks left alone)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sourced by the GPU scripts on a CUDA machine (the device tool): the host and the
+# CUDA backend built by the task graph, as `doit build` builds them everywhere
+# (the project's own compile lines, verify, and validate: the selftest's gpu shapes
+# and the engine through CUDA against the CPU path at every format). The Python
+# packages the task graph needs travel as wheels in .whl (README.md, "The GPU run"); sets
+# HOST and LIB, and writes the build's output to $out/build.txt.
+if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+    return 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+arch=${COLI_GPU_ARCH:-sm_90}
+python3 -m doit -n "$(nproc)" build "arch=$arch" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; return 1; }
+HOST=$PWD/build/linux-x86_64/host/coli
+LIB=$PWD/build/linux-x86_64/cuda-$arch/libcoli_cuda.so
+cp "build/linux-x86_64/reports/validate-cuda-$arch.json" "$out/validate-build.json"
