@@ -201,9 +201,11 @@ static const gpu_rule GPU_RULES[] = {
     S1_INT4("decode walk R2 D3", (run_walk<Q4, 2, 3>)).cols(1, GPU_ANY_SIZE, 1024).when(walk_helps<Q4, 2, 3>),
     S1_INT4("decode R2 D4", (run_decode<Q4, 2, 4, 1>)),
 
-    /* S > 16: gemm_kernel on the tensor cores; the smaller blocks while the larger would leave SMs idle */
-    INT8("gemm 2x4 warps 2x2", (run_gemm<Q8, 2, 4, 2, 2>)).tokens(17, GPU_ANY_SIZE).cols(64, GPU_ANY_SIZE, 64).laid(LAID_ABI).with_digits().under(64, 64),
-    INT8("gemm 4x2 warps 2x2", (run_gemm<Q8, 4, 2, 2, 2>)).tokens(17, GPU_ANY_SIZE).cols(64, GPU_ANY_SIZE, 64).laid(LAID_ABI).with_digits(),
+    /* S > 16: gemm_kernel on the tensor cores. int8: blocks of 128 rows x 32 tokens while blocks of
+     * 64 x 64 would leave SMs idle, else 64 x 64; int4: 128 x 32 while those leave SMs idle, else
+     * 128 x 64 */
+    INT8("gemm 4x2 warps 2x2", (run_gemm<Q8, 4, 2, 2, 2>)).tokens(17, GPU_ANY_SIZE).cols(64, GPU_ANY_SIZE, 64).laid(LAID_ABI).with_digits().under(64, 64),
+    INT8("gemm 2x4 warps 2x2", (run_gemm<Q8, 2, 4, 2, 2>)).tokens(17, GPU_ANY_SIZE).cols(64, GPU_ANY_SIZE, 64).laid(LAID_ABI).with_digits(),
     INT4("gemm 4x2 warps 2x2", (run_gemm<Q4, 4, 2, 2, 2>)).tokens(17, GPU_ANY_SIZE).laid(LAID_MMA | LAID_TILE).with_digits().under(128, 32),
 #if COLI_HAS_PDL
     INT4("gemm 4x2 warps 2x4", (run_gemm<Q4, 4, 2, 2, 4>)).tokens(17, GPU_ANY_SIZE).laid(LAID_MMA | LAID_TILE).with_digits(),
