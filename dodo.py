@@ -4,15 +4,15 @@ import os
 import sys
 from pathlib import Path
 
-from doit import doit_cmd
-
+from toolchain.doit_vars import command_line_variables
 from toolchain.errors import ColiError
-from toolchain.tasks import doit_config, load_plan, make_tasks
+from toolchain.project import load_plan
+from toolchain.tasks import doit_config, make_tasks
 
 ROOT = Path(__file__).resolve().parent
 
 try:
-    LOADED = load_plan(ROOT, dict(doit_cmd._CMDLINE_VARS or {}), os.environ)
+    LOADED = load_plan(ROOT, command_line_variables(), os.environ)
 except ColiError as exc:
     print(exc.one_line(), file=sys.stderr)
     sys.exit(exc.exit_code)

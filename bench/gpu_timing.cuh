@@ -1,6 +1,5 @@
 /* What the GPU benchmarks share: a status check, and calls timed as a CUDA graph of
- * launches replayed (the median replay counts). Included by bench/gpu_matmul_bench.cu
- * and the probes under bench/results (probe_common.cuh). */
+ * launches replayed (the median replay counts). Included by bench/gpu_matmul_bench.cu. */
 #pragma once
 #include <algorithm>
 #include <cstdio>

@@ -108,8 +108,8 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
 
 /* Linears that read the same x (at most MANY_MAX): one backend round trip
  * (coli_matmul_many, ABI 1.1) where the backend has it and holds all of them,
- * else one call each. At S = 1 a call costs 14-21 us whatever its kernel's few us
- * (bench/RESULTS.md, fifteenth pass), so the layer's 10 become 6. */
+ * else one call each. At S = 1 a call's round trip costs several times its kernels'
+ * time, so the layer's 10 become 6. */
 #define MANY_MAX 3
 static int linears_fwd(model *m, const linear *const *ls, int count, const float *x, int64_t s, float *const *ys,
                        char *err, size_t errlen) {

@@ -37,7 +37,7 @@ static const char *coli_error_get(void) { return coli_error_text; }
 /* A weight as every backend stores it; `q` and `scale` point into the backend's
  * memory. `layout` is how `q` is ordered there: 0 is the ABI's row-major order; a
  * backend may keep its own (the GPU backend's int4 rows for its mma kernels, or
- * tile by tile with the scales too, gpu_matmul.cuh). */
+ * tile by tile with the scales too, gpu_formats.cuh). */
 typedef struct coli_weight {
     int32_t format;
     int64_t rows, cols;

@@ -113,7 +113,7 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
         return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: cannot allocate %zu device bytes: %s", qb + sb,
                          cudaGetErrorString(e));
     }
-    /* int4: the kernels' order (gpu_matmul.cuh): tile by tile, scales too, or the mma layout */
+    /* int4: the kernels' order (gpu_formats.cuh): tile by tile, scales too, or the mma layout */
     const bool tiled = !simple_only() && gpu_stores_tile_by_tile(format, rows, cols, group);
     const bool reorder = tiled || (!simple_only() && mma_layout(format, cols, group));
     void *order = reorder ? malloc(qb) : NULL;
@@ -179,7 +179,7 @@ static bool grow_pinned(float **buf, size_t *cap, size_t need) {
 
 /* Checked weights that read the same x: x in once, their kernels one after
  * another on the stream (a kernel launched early waits for the one before it
- * before it reads x's digits or writes, gpu_matmul.cuh), one wait, each y out. */
+ * before it reads x's digits or writes, gpu_launch.cuh), one wait, each y out. */
 static coli_status run_matmuls(coli_weight *const *ws, int32_t count, const float *x, int64_t s, float *const *ys) {
     coli_status st;
     if (s > 65535) return coli_fail(COLI_E_SHAPE, "matmul: s = %lld exceeds 65535", (long long)s);
@@ -200,9 +200,8 @@ static coli_status run_matmuls(coli_weight *const *ws, int32_t count, const floa
         GPU_CHECK(cudaMemcpy(g_x, x, xb, cudaMemcpyHostToDevice));
     }
     /* One token (a decode step, bound by the call's latency): the kernels write y
-     * straight into the page-locked copy, with no copy back to queue and wait for
-     * (the engine's decode on the H200: 24 -> 17 us a call, bench/RESULTS.md). More
-     * tokens keep the copy back: their kernels were not timed writing over PCIe. */
+     * straight into the page-locked copy, with no copy back to queue and wait for.
+     * More tokens keep the copy back: their kernels were not timed writing over PCIe. */
     float *dy = g_y;
     const bool direct = pinned && s == 1 && cudaHostGetDevicePointer((void **)&dy, g_hy, 0) == cudaSuccess;
     if (!direct) {

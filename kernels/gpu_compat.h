@@ -57,9 +57,9 @@
 #define COLI_LOAD_STREAM(p) __ldcs(p)
 /* What the grid before wrote (x, x's digits), read after coli_wait_prior_grid: a
  * coherent load, never the read-only path (__ldg, ld.global.nc), which assumes
- * data that no one writes while the kernel runs. ptxas moved such loads above the
- * wait in a trial, and the early-launched kernel read the last call's values
- * (bench/RESULTS.md, seventh pass). As fast as __ldg here (the H200). */
+ * data that no one writes while the kernel runs: ptxas may move such loads above
+ * the wait, and an early-launched kernel then reads the last call's values. As
+ * fast as __ldg on the H200. */
 #define COLI_LOAD_FRESH(p) __ldca(p)
 #define COLI_HAS_PDL 1
 #endif

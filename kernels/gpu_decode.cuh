@@ -33,8 +33,8 @@ __host__ __device__ inline int64_t decode_unit(int32_t layout, int64_t wn, int64
 /* x's run of 8 columns -> its units: int8, one a word (a, b, c, E); int4, the two
  * halves of its word's 32 bytes. Every S = 1 call starts here, so digits_of8's work
  * is done leanly (one multiply-add whose bits hold v, the digits as the bytes they
- * are: a third of the instructions, the same units bit for bit; bench/RESULTS.md,
- * ninth and tenth passes); a run below 2^-104 takes digits_of8 itself. */
+ * are: a third of the instructions, the same units bit for bit); a run below
+ * 2^-104 takes digits_of8 itself. */
 template <int FORMAT> __host__ __device__ inline void run_units(const float (&v)[8], float4 (&units)[2]) {
     uint32_t top = 0; /* the largest |x|'s bits: an inf or NaN is above every finite value */
     for (int j = 0; j < 8; j++) {

@@ -1,9 +1,8 @@
-/* int8 and int4 at S = 1 on sm_90, for tall weights: decode_bulk_kernel. Included
- * by gpu_matmul.cuh after the launch helpers; CUDA only.
+/* int8 and int4 at S = 1 on sm_90, for tall weights: decode_bulk_kernel. CUDA only.
  *
  * decode_kernel keeps its loads in flight in registers, a ring of runs per warp,
- * and the ring's depth competes with the arithmetic for them (bench/RESULTS.md,
- * passes 4-7). Here the copy engine streams W into shared memory instead:
+ * and the ring's depth competes with the arithmetic for them. Here the copy engine
+ * streams W into shared memory instead:
  *   - A block owns a span of whole rows, which lie side by side in memory, so a
  *     stage of BULK_ROWS (or BULK_TWO_ROWS) rows is one bulk copy for W and one
  *     for int4's scales (cp.async.bulk, counted in bytes on the stage's
@@ -13,27 +12,19 @@
  *     lane and row; int8: two), and hold their lanes' units of x in registers. They
  *     cut x into units themselves, together, into shared memory (no prep kernel, so
  *     a call waits for the call before and for nothing else). BULK_GROUPS groups of
- *     them take turns at the stages (group g stages g, g + 4, ...), so that a scheduler has
- *     several warps at work.
+ *     them take turns at the stages (group g stages g, g + 4, ...), so that a
+ *     scheduler has several warps at work.
  *   - A stage's rows meet across a warp's lanes in one reduce-scatter and across
  *     the warps, at the end, in shared memory in a fixed order.
  * With a block an SM only some stages are copied before the wait for the call
  * before: a full ring copied early fills the memory system ahead of that call's
- * last loads, and the wait took 6.6 instead of 4.3 us (eighth pass, a per-block
- * timeline). Half of a block's stages, at most BULK_PRE, go early; the rest as the
- * consumers pass the wait or, where half went early, once they have cut x into
- * units, so that x's loads do not queue behind them (eleventh pass: int8 4096 x
- * 4096 5.81 -> 5.60 us, 14336 x 4096 15.0 -> 14.4). Two blocks an SM copy every
- * stage early (int4 8192 x 2048 4.33 -> 3.86).
- * A block takes a whole SM's shared memory, so the next call's block starts only
- * when this one leaves; where a block's stages all fit in half of it, two blocks
- * share an SM (launch_decode_bulk) and the next call's is resident early.
- *
- * Measured on the H200 (bench/RESULTS.md, ninth to eleventh passes), against the
- * best of the other kernels: int4 14336 x 4096 10.3 us (12.1), int4 4096 x 4096
- * 3.8 (4.7), int8 14336 x 4096 14.5 (15.0), int8 4096 x 4096 5.6 (5.7); no gain with more
- * than 4096 columns (4 warps a stripe leave no room for groups), so those keep
- * decode_kernel. */
+ * last loads and delays its end. Half of a block's stages, at most BULK_PRE, go
+ * early; the rest as the consumers pass the wait or, where half went early, once
+ * they have cut x into units, so that x's loads do not queue behind them. Two
+ * blocks an SM copy every stage early: the next call's block, resident beside this
+ * one, loads while this one computes.
+ * Rows of more than 4096 columns keep the other kernels: 4 warps a row leave no
+ * room for the groups. */
 #ifndef COLI_GPU_DECODE_BULK_CUH
 #define COLI_GPU_DECODE_BULK_CUH
 
@@ -168,7 +159,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
     }
     const int g = warp / plan.nw, w = warp % plan.nw;
     /* int8's row scales, which no kernel writes, read before the wait: read after
-     * the sums they held up the call's end (ninth pass, a per-block timeline) */
+     * the sums, they hold up the call's end */
     const float row_scale = FORMAT == COLI_FMT_Q8 && threadIdx.x < n_rows ? scale[r0 + threadIdx.x] : 1.0f;
     if constexpr (!XR) coli_wait_prior_grid(); /* x is the last call's output until here */
     const bool late = MINB == 1 && (XR || plan.late); /* XR: x's loads ahead of the stages past the first */
@@ -219,9 +210,9 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
                 }
         }
         /* the stage's reads are done: the producer may refill it. Every lane arrives with
-         * its own reads: one lane for the warp, after __syncwarp, left racecheck reporting
-         * the refills racing the other lanes' reads at int8 14000 x 4096; per-lane arrives
-         * cost 0.3% (median, twenty-eighth pass) */
+         * its own reads, so that each lane's release orders them before the refill (one
+         * lane for the warp, after __syncwarp, left racecheck reporting the refills
+         * racing the other lanes' reads) */
         stage_arrive(&empty[b]);
         bulk_reduce<T>(acc, lane);
         const int r = bulk_row<T>(lane);
@@ -236,7 +227,7 @@ __global__ void __launch_bounds__(BULK_MAX_THREADS, BULK_MIN_BLOCKS(MINB))
     }
 #else
     (void)q, (void)scale, (void)rows, (void)plan, (void)x, (void)y;
-    __trap(); /* launched on sm_90 and later only (decode_bulk_takes) */
+    __trap(); /* launched on sm_90 and later only (the dispatch table) */
 #endif
 }
 
@@ -266,7 +257,7 @@ template <int FORMAT> static bulk_plan bulk_plan_for(const coli_weight *w, int t
     const int stages = (plan.rows_max + t - 1) / t, turn = BULK_GROUPS, fit = (int)(ring / plan.stage_bytes());
     /* a slot that is filled more than once must stay one group's (a whole number of
      * turns): a group that shared it could pass its wait on the phase before the one
-     * it wants (thirteenth pass). One round needs no such rounding. */
+     * it wants. One round needs no such rounding. */
     plan.ns = stages <= fit ? stages : std::max(turn, fit / turn * turn);
     plan.pre = std::min(BULK_PRE, stages / 2), plan.late = 2 * plan.pre >= stages; /* a block an SM (MINB 1) */
     return plan;

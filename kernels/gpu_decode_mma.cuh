@@ -1,11 +1,10 @@
-/* int8 and int4 at S = 1 on the tensor cores: decode_mma_kernel. Included by
- * gpu_matmul.cuh after decode_bulk; CUDA only (sm_90 picks it, for its early launches).
+/* int8 and int4 at S = 1 on the tensor cores: decode_mma_kernel. CUDA only (the
+ * table takes it on sm_90, for its early launches).
  *
  * The dp4a kernels take x a digit at a time, and each run of 8 columns has its own
  * power of two, so every word's sum becomes a float by itself (7 instructions per
  * 4 int8 weights); after the wait for the call before, that work and cutting x
- * into units held int8 4096 x 4096 at 70% of copy bandwidth (bench/RESULTS.md,
- * ninth to fourteenth passes). Here:
+ * into units keep them well short of the copy bandwidth at 4096 columns. Here:
  *   - A warp owns a slice of CH chunks (64 bytes of a row each) of every row of
  *     the block, and x gets one power of two per slice: v = x 2^(30 - ex), |v| <
  *     2^30, cut into four int8 digits that are an mma's columns 0-3. int8's sums
@@ -13,14 +12,13 @@
  *     become floats once, at the end: an mma a 512 weights and nothing else.
  *     int4's are a group's of 32 each: two groups share a C, their digits in
  *     B's columns 0-3 and 4-7 (dmma_b_at), and become floats, times each
- *     group's scale, after the pair: 4 float instructions an mma (eighteenth
- *     pass). The nibbles are not unpacked: A of the pair's first mma is the raw
+ *     group's scale, after the pair: 4 float instructions an mma. The nibbles are not unpacked: A of the pair's first mma is the raw
  *     bytes as unsigned int8 (16 o' + e' of a byte's odd and even value, each
  *     n + 8), of its second their high nibbles (one instruction a word, not
  *     three), against B's digits of 16 e and o - 16 e (dmma_run_words), with v
  *     below 2^26 so that those are four digits too; the offsets' share, itself
  *     two mma of B, comes off the sums' start (the bits of 1.5 2^23), or with
- *     few pairs a warp as they become floats (nineteenth pass). Rounding x
+ *     few pairs a warp as they become floats. Rounding x
  *     costs 2^-31 (int4 2^-27) of the slice's largest |x|, beside a float32
  *     sum's 2^-24 of its largest term.
  *   - Each warp cuts its own slice of x (8 or 16 values a lane, the slice's
@@ -34,10 +32,10 @@
  *     bytes it reads itself (scales: then the warp meets), all before the wait.
  *   - A row's sums meet across a warp's lanes (int4: two exchanges) and across the
  *     warps, at the end, in shared memory in a fixed order.
- * A block holds all of its W while it waits. The launch leaves about half the
- * SMs free, where the next call's blocks start at once and load their W while
- * this call computes (bench/RESULTS.md, seventeenth pass: that beat two blocks
- * an SM, MINB 2, which the bench still compares). */
+ * A block holds all of its W while it waits. The table's launches leave part of
+ * the SMs free, where the next call's blocks start at once and load their W while
+ * this call computes (that beat two blocks an SM, MINB 2, which the bench still
+ * compares). */
 #ifndef COLI_GPU_DECODE_MMA_CUH
 #define COLI_GPU_DECODE_MMA_CUH
 
@@ -67,12 +65,11 @@ template <int FORMAT, int NW, int CH, int RT, int RR> struct dmma_shape {
     static constexpr size_t shared = w_bytes + s_bytes + x_bytes + part_bytes;
     static constexpr size_t x_in_bytes = (size_t)NW * vpl * WARP * 4; /* XR: x's slices as copied in, after the rest */
     static_assert(RR >= 0 && RR <= RT && vpl % 8 == 0, "whole tiles; lanes cut whole runs of 8 columns");
-    /* Which tiles are held in registers: the first RR, but int8's second of two
-     * (asked for after the copies and summed after them: 1024 x 8192 7% faster,
-     * 2048 x 4096 about 2%; the last of three was 10% slower at 3072 x 4096, the
-     * last two of four 5% at 4096 x 4096, and int4 no faster: bench/RESULTS.md,
-     * twenty-fifth pass). A tile's place among those in registers is i -
-     * first_reg, among those in shared memory i - first_shared. */
+    /* Which tiles are held in registers: the first RR, but int8's second of two,
+     * asked for after the copies and summed after them, so that the register loads
+     * land while the shared-memory tiles are summed (the last of three or four was
+     * slower, and int4 gained nothing). A tile's place among those in registers is
+     * i - first_reg, among those in shared memory i - first_shared. */
     static constexpr bool reg_last = FORMAT == COLI_FMT_Q8 && RT == 2 && RR == 1;
     static constexpr int first_reg = reg_last ? RT - RR : 0, first_shared = reg_last ? 0 : RR;
     __host__ __device__ static constexpr bool in_registers(int i) { return i >= first_reg && i < first_reg + RR; }
@@ -278,9 +275,8 @@ template <typename shape> __device__ inline float *dmma_x_in(uint8_t *shared, in
 
 /* XR: no kernel that may still run writes x (launch_matmul's x_ready): x is asked
  * for first, ahead of W in the SM's queue, by cp.async into shared memory (loaded
- * into registers, ptxas cut it into digits before it asked for W, to free them:
- * bench/RESULTS.md, twenty-seventh pass), and the wait for the grid before comes
- * only before y is written. */
+ * into registers, ptxas cut it into digits before it asked for W, to free them),
+ * and the wait for the grid before comes only before y is written. */
 template <int FORMAT, int NW, int CH, int RT, int RR, int MINB, bool XR>
 __global__ void __launch_bounds__(NW * WARP, MINB)
     decode_mma_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
@@ -359,12 +355,11 @@ __global__ void __launch_bounds__(NW * WARP, MINB)
     const uint32_t *b_hi = patch + dmma_b_at<FORMAT>(g, t, 2, shape::digit_words); /* int4: of tiles 2 and 3 */
     constexpr int chunk_words = 8 * mma_fmt<FORMAT>::steps;
     /* int4: every chunk's B words once, as whole vectors (read again for each tile, nvcc's
-     * output for these kernels varied from run to run: bench/RESULTS.md, eighteenth pass),
-     * each pair's B in registers side by side (else every tile moves them), and A's
-     * offsets times B: with a few pairs a warp (LATE) taken away as the sums become
-     * floats (dmma_offset_base), so that their mma are off the way to the first tile;
-     * else taken from the sums' start (fewer registers in the tiles: bench/RESULTS.md,
-     * nineteenth pass) */
+     * output for these kernels varied from build to build), each pair's B in registers
+     * side by side (else every tile moves them), and A's offsets times B: with a few
+     * pairs a warp (LATE) taken away as the sums become floats (dmma_offset_base), so
+     * that their mma are off the way to the first tile; else taken from the sums' start
+     * (fewer registers in the tiles) */
     constexpr bool LATE = RT * CH <= 4;
     uint32_t bq[FORMAT == COLI_FMT_Q4 ? CH : 1][2][2][2];
     float base[FORMAT == COLI_FMT_Q4 && LATE ? CH : 1][2][2];

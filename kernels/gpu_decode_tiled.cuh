@@ -1,33 +1,29 @@
-/* int4 at S = 1 for wide rows, on sm_90: decode_tiled_kernel. Included by
- * gpu_matmul.cuh after gpu_decode_mma.cuh; CUDA only.
+/* int4 at S = 1 for wide rows, on sm_90: decode_tiled_kernel. CUDA only.
  *
  * Where a row is too wide for decode_mma_kernel's blocks to hold all of their W
  * (16 rows of 8192 int4 columns with their scales are 80 KB), its sums (x's slice
  * cut into digits once a warp, W's raw bytes on the tensor cores, gpu_decode_mma.cuh)
  * still cost far less than decode_kernel's dp4a. Here each warp streams its items:
- *   - W is stored tile by tile (TILE_LAYOUT, gpu_matmul.cuh): an item is a 16-row
+ *   - W is stored tile by tile (TILE_LAYOUT, gpu_formats.cuh): an item is a 16-row
  *     tile's 64 bytes of one chunk, 1 KB, and its scales 256 bytes, so a warp's
  *     next G items (its slice of CH chunks, tile by tile) are one bulk copy of W and
  *     one of the scales, counted on the warp's mbarrier for that slot of its ring.
  *     Read where they lie in the mma layout (16 rows a row apart, by tensor maps or
- *     cp.async), the same items came far slower (bench/RESULTS.md, twentieth and
- *     twenty-first passes).
+ *     cp.async), the same items came far slower.
  *   - A block has two tiles, one an SM; one copy group of each warp goes out before
  *     the wait for the call before, and the rest only after x's slice has been
  *     asked for, by a bulk copy into the warp's patch: x's 4 bytes a column are a
- *     fifth of a block's bytes at 4096 rows, and behind the whole ring they held up
- *     the sums (twenty-first pass: 4096 x 14336 12.7 -> 11.6 us).
+ *     fifth of a block's bytes at 4096 rows, and behind the whole ring they hold up
+ *     the sums.
  *   - At 12288 and 14336 columns the blocks work in clusters of two (P): a cluster
  *     takes four tiles, and each block sums all four over half of every row, so
  *     that it takes in half of x. The two blocks' sums of a row meet in the block
  *     that writes it, through distributed shared memory, in a fixed order. Clusters
  *     of four need 32 at once where 30 fit (two waves); at 8192 columns and below
- *     pairs were slower (twenty-second pass).
+ *     pairs were slower.
  *   - The warps' sums meet in shared memory in a fixed order (dmma_meet).
- * Measured on the H200, int4 4096 rows, against the pick before: 8192 columns
- * 5.8-6.3 us (8.2, twenty-first pass), 12288 8.9 (9.7 alone, 11.1 before), 14336
- * 10.4 (11.5 alone, 12.1 before; twenty-second pass); at other rows (2048-8192,
- * tile_layout_fits) 1-25% faster than in the mma layout. */
+ * Which weights are stored so, and which form each width takes, is the dispatch
+ * table's (gpu_dispatch.cuh). */
 #ifndef COLI_GPU_DECODE_TILED_CUH
 #define COLI_GPU_DECODE_TILED_CUH
 
@@ -218,7 +214,7 @@ __global__ void __launch_bounds__(NW * WARP, 1)
     }
 #else
     (void)q, (void)scale, (void)rows, (void)x, (void)y;
-    __trap(); /* launched on sm_90 only (tile_layout_fits) */
+    __trap(); /* launched on sm_90 only (gpu_stores_tile_by_tile) */
 #endif
 }
 

@@ -4,6 +4,19 @@
  * bench/gpu_matmul_bench.cu, which prints each shape's pick (its row's name)
  * beside the fastest variant it timed.
  *
+ * The kernels, by header:
+ *   gpu_decode.cuh      int8 and int4, S = 1, any GPU: x cut into int8 digits
+ *                       that W meets in exact integer dot products (dp4a)
+ *   gpu_decode_bulk.cuh the same sums for tall weights on sm_90, W streamed into
+ *                       shared memory by the copy engine
+ *   gpu_decode_mma.cuh  S = 1 on the tensor cores, sm_90
+ *   gpu_decode_tiled.cuh int4 S = 1 of wide rows stored tile by tile, sm_90
+ *   gpu_mma.cuh         int8 and int4, S = 2 to 16, on the tensor cores
+ *   gpu_gemm.cuh        int8 and int4 past 16 tokens, on the tensor cores
+ *   gpu_gemv.cuh        f32 up to 16 tokens: a read of W once per 8 tokens
+ *   gpu_tile.cuh        past 16 tokens what the tensor cores do not take
+ *   gpu_simple.cuh      any call; the reference the bench checks against
+ *
  * A row names the kernel and its launch shape (template arguments: the names are
  * the bench's variant names), the formats it serves, and when it applies: the
  * weight's layout (int4 in the ABI's order, in the mma layout, or tile by tile),

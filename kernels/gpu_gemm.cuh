@@ -1,12 +1,12 @@
-/* int8 and int4 for many tokens (prefill, teacher forcing): gemm_kernel. Included
- * by gpu_matmul.cuh after mma_kernel's launch; it reads the same digits of x
+/* int8 and int4 for many tokens (prefill, teacher forcing): gemm_kernel. It reads
+ * the same digits of x
  * (mma_prep_kernel) and the same weights (int8 in the ABI's order, int4 in the
  * mma layout).
  *
  * mma_kernel gives a block 16 or 32 rows and at most 16 tokens (int4: 8), and a
  * tile of the tensor cores 2 tokens of 3 digits (and an unused fourth). So every
- * 16 tokens read W again, and at S = 256 the sums took 4-19 times as long as
- * cuBLAS's f16 matmul (bench/RESULTS.md, fourteenth pass). Here a block takes a
+ * 16 tokens read W again, and at S = 256 the sums take several times as long as
+ * cuBLAS's f16 matmul. Here a block takes a
  * tile of GEMM_ROWS rows and up to 64 tokens, each of its warps a tile of MT x 16
  * rows and NT x 8 tokens, and a tensor-core tile (m16n8k32) 8 tokens of one digit:
  *   - A stage is one chunk (int8 64 columns, int4 128): 64 bytes of each row,
@@ -30,7 +30,7 @@
 #include "gpu_mma.cuh"
 
 /* Shared memory a gemm block's stages may take (within BLOCK_SHARED_MAX), and the
- * most stages in flight: more did not help (bench/RESULTS.md, sixteenth pass). */
+ * most stages in flight: more did not help. */
 #define GEMM_SHARED_BUDGET (COLI_HAS_PDL ? 96 * 1024 : 64 * 1024)
 #define GEMM_MAX_STAGES 4
 

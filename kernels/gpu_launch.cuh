@@ -43,7 +43,7 @@ static int cc_major(void) {
  * kernels then wait only before they write y). So the next call's W loads fill
  * the room the last one's final blocks leave, as a decode step's matmuls follow
  * one another. COLI_GPU_CHAIN=0 launches each call's first kernel after the last
- * call has ended, as before (for comparisons). */
+ * call has ended (for comparisons). */
 static int g_chain = -1;
 static bool chain_calls(void) {
     if (g_chain < 0) {

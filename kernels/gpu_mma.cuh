@@ -5,10 +5,10 @@
 
 #include "gpu_formats.cuh"
 
-/*  * With more than one token, W meets x on the tensor cores, in int8 mma tiles
+/* With more than one token, W meets x on the tensor cores, in int8 mma tiles
  * (m16n8k32, int32 sums): a few instructions per 16 bytes of W, and W read once
- * per 16 tokens (the dp4a kernels took about 21 instructions per int4 word per
- * token; bench/RESULTS.md).
+ * per 16 tokens (the dp4a kernels take about 21 instructions per int4 word per
+ * token).
  *   - x is cut once per call into integers: per chunk of columns (64 for int8,
  *     128 for int4) a power of two E above the chunk's largest |x|, and
  *     v = round(x / E * 2^22), |v| < 2^22, split into int8 digits a 2^16 + b 2^8 + c.
@@ -178,10 +178,9 @@ __device__ inline void mma_stage_copy(uint8_t *shared, const uint8_t *__restrict
         const int64_t at = (int64_t)st * MMA_WARPS * 64 + 16 * lane;
         if (FORMAT == COLI_FMT_Q4 && TP > 1 && layout == TILE_LAYOUT) {
             /* a warp's copy: 8 rows of one chunk, 512 bytes of an item side by side (a row's
-             * chunks lie 1 KB apart there): 4 to 16 tokens 1-2% faster (bench/RESULTS.md,
-             * twenty-third pass). 2 tokens (TP = 1) keep the copies row by row, their code
-             * unchanged (they came out 1-4% slower). The scales are copied here and below
-             * alike: with one copy after both, 8 and 16 tokens gained nothing. */
+             * chunks lie 1 KB apart there), a little faster from 4 tokens; 2 tokens (TP = 1)
+             * keep the copies row by row, which they run faster. The scales are copied here
+             * and below alike: one copy after both gained nothing. */
 #pragma unroll
             for (int i = warp; i < shape::rows; i += MMA_WARPS) {
                 const int r = i / MMA_WARPS * 8 + lane / 4, k = i % MMA_WARPS;

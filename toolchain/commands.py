@@ -7,6 +7,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .command_data import (
+    BACKEND_HEADERS,
+    C_WARNINGS,
+    GEN_HEADERS,
+    GPU_SOURCES,
+    HOST_HEADERS,
+    HOST_SOURCES,
+    MINGW_DEFINES,
+    REF_SOURCES,
+    ROCM_VARIABLES,
+    cuda_gencode,
+)
+from .commands_windows import hip_environment, windows_cuda_argv, windows_hip_argv
 from .discover import HipSdk
 from .plan import BackendSpec, Plan
 
@@ -20,78 +33,6 @@ __all__ = [
     "host_command",
     "sanitized_env",
 ]
-
-HOST_SOURCES = (
-    "engine/main.c",
-    "engine/clock.c",
-    "engine/utf8.c",
-    "engine/loader.c",
-    "engine/hip_binding.c",
-    "engine/selftest.c",
-    "engine/json_out.c",
-    "engine/json.c",
-    "engine/safetensors.c",
-    "engine/model_load.c",
-    "engine/model_forward.c",
-    "engine/pool.c",
-    "kernels/cpu_ops.c",
-)
-HOST_HEADERS = (
-    "engine/clock.h",
-    "engine/loader.h",
-    "engine/utf8.h",
-    "engine/hip_binding.h",
-    "engine/selftest.h",
-    "engine/json_out.h",
-    "engine/json.h",
-    "engine/safetensors.h",
-    "engine/model.h",
-    "engine/pool.h",
-    "kernels/cpu_ops.h",
-)
-REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
-GPU_SOURCES = ("kernels/backend_gpu.cu",)
-BACKEND_HEADERS = (
-    "kernels/backend_common.h",
-    "kernels/backend_tensors.h",
-    "kernels/cpu_ops.h",
-    "kernels/gpu_compat.h",
-    "kernels/gpu_launch.cuh",
-    "kernels/gpu_formats.cuh",
-    "kernels/gpu_simple.cuh",
-    "kernels/gpu_gemv.cuh",
-    "kernels/gpu_tile.cuh",
-    "kernels/gpu_decode.cuh",
-    "kernels/gpu_mma.cuh",
-    "kernels/gpu_gemm.cuh",
-    "kernels/gpu_decode_bulk.cuh",
-    "kernels/gpu_decode_mma.cuh",
-    "kernels/gpu_decode_tiled.cuh",
-    "kernels/gpu_dispatch.cuh",
-)
-GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")
-
-# Variables that steer a ROCm toolchain from the outside; the HIP compile clears
-# them so only the SDK this build resolved can be used.
-ROCM_VARIABLES = (
-    "ROCM_PATH",
-    "ROCM_HOME",
-    "HIP_PATH",
-    "HIP_DEVICE_LIB_PATH",
-    "HIP_PLATFORM",
-    "HIP_COMPILER",
-    "HIP_RUNTIME",
-    "HIP_CLANG_PATH",
-    "HIP_ROCCLR_HOME",
-    "HSA_PATH",
-    "DEVICE_LIB_PATH",
-    "HIPCC_COMPILE_FLAGS_APPEND",
-    "HIPCC_LINK_FLAGS_APPEND",
-)
-
-C_WARNINGS = ("-std=c11", "-Wall", "-Wextra")
-# MinGW's default printf is msvcrt's, which lacks %zu and %lld; use its C99 one.
-MINGW_DEFINES = ("-D__USE_MINGW_ANSI_STDIO=1",)
 
 
 @dataclass(frozen=True)
@@ -111,16 +52,6 @@ def _prefix_maps(plan: Plan) -> list[str]:
     if not plan.build_dir.is_relative_to(plan.root):
         maps.append(f"-ffile-prefix-map={plan.build_dir}=build")
     return maps
-
-
-def cuda_gencode(arches: tuple[str, ...]) -> list[str]:
-    """SASS for every arch, and PTX of the newest so newer GPUs can JIT it."""
-    out: list[str] = []
-    for i, arch in enumerate(arches):
-        num = arch.removeprefix("sm_")
-        code = f"[sm_{num},compute_{num}]" if i == len(arches) - 1 else f"sm_{num}"
-        out += ["-gencode", f"arch=compute_{num},code={code}"]
-    return out
 
 
 def _nvcc_pass(flag: str, options: list[str]) -> list[str]:
@@ -327,20 +258,18 @@ def _windows_gpu_command(plan: Plan, spec: BackendSpec, output: Path) -> Command
     import os
     from pathlib import PureWindowsPath
 
-    from .commands_windows import hip_environment, windows_cuda_argv, windows_hip_argv
-
-    msvc = plan.msvc
     win = PureWindowsPath
     root, gen, out = win(str(plan.root)), win(str(plan.gen_dir)), win(str(output))
     flags = plan.rc.config.profile.gpu_flags
     if spec.api == "hip":
         tmp = win(str(plan.build_dir / "tmp" / spec.key))
-        full = hip_environment(plan.toolchains.win_hip, msvc, tmp, os.environ.get("SYSTEMROOT", r"C:\Windows"))
-        sdk = plan.toolchains.win_hip
+        sdk = plan.win_hip
+        assert plan.msvc is not None
+        full = hip_environment(sdk, plan.msvc, tmp, os.environ.get("SYSTEMROOT", r"C:\Windows"))
         packed = ("--offload-compress",) if plan.rc.config.hip.offload_compress and sdk.offload_compress else ()
         argv = windows_hip_argv(sdk, spec.arches, root, gen, out, (*flags, *packed))
     else:
-        full = dict(msvc.env)
+        full = dict(plan.msvc_env)
         argv = windows_cuda_argv(win(str(plan.cuda.nvcc)), spec.arches, root, gen, out, flags)
     env = {k: v for k, v in full.items() if v is not None}
     unset = tuple(k for k, v in full.items() if v is None)

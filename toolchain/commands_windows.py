@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import PureWindowsPath
 
-from .commands import GPU_SOURCES, ROCM_VARIABLES, cuda_gencode
+from .command_data import GPU_SOURCES, ROCM_VARIABLES, cuda_gencode
 from .msvc import Msvc
 from .windows_sdk import WinHipSdk
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path, PureWindowsPath
-from typing import Any
 
 from .config import ResolvedConfig
 from .probe import Prober, which
+from .sdk import Missing
+from .windows_sdk import Probe, WinHipSdk, find_windows_hip
 
 __all__ = [
     "Component",
@@ -45,16 +46,6 @@ def install_hint(group: str) -> str:
 
 
 @dataclass(frozen=True)
-class Missing:
-    what: str
-    reason: str
-    hint: str
-
-    def __str__(self) -> str:
-        return f"{self.what}: {self.reason} ({self.hint})"
-
-
-@dataclass(frozen=True)
 class Tool:
     """A single executable: a C compiler, Wine."""
 
@@ -74,6 +65,10 @@ class CudaToolkit:
     version: str
     gpu_arches: tuple[str, ...]  # sm_* that `nvcc --list-gpu-arch` accepts
     source: str
+
+    @property
+    def location(self) -> str:
+        return str(self.home)
 
     def supports(self, arch: str) -> bool:
         return arch.rstrip("af") in self.gpu_arches
@@ -104,6 +99,10 @@ class HipSdk:
 
     def isa_file(self, arch: str) -> Path:
         return self.device_lib_dir / f"oclc_isa_version_{arch.removeprefix('gfx')}.bc"
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
 
     def supports(self, arch: str) -> bool:
         return self.isa_file(arch).is_file()
@@ -150,7 +149,7 @@ class Toolchains:
     hip: HipSdk | Missing
     mingw_cc: Tool | Missing
     wine: Tool | Missing
-    win_hip: Any = None  # windows_sdk.WinHipSdk | Missing on a Windows build host, else None
+    win_hip: WinHipSdk | Missing | None = None  # on a Windows build host only
 
     def components(self) -> list[Component]:
         rows: list[Component] = []
@@ -354,7 +353,6 @@ def discover(rc: ResolvedConfig, env: Mapping[str, str], prober: Prober) -> Tool
     wine = _find_tool("wine", None, "", cfg.windows.wine, prober, ("--version",), install_hint("wine"))
     win_hip = None
     if sys.platform == "win32":
-        from .windows_sdk import Probe, find_windows_hip
 
         def run(tool: PureWindowsPath, args: tuple[str, ...]) -> str | None:
             return prober.run(Path(str(tool)), *args)

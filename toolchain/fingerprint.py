@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .errors import ColiError, ConfigError
-from .tasks import entry_fingerprint, load_plan
+from .project import entry_fingerprint, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 
+from .atomic import write_atomic
 from .errors import ToolchainError
 
 __all__ = [
@@ -174,7 +175,6 @@ def resolve_msvc(
         captured = parse_env_dump(run(vcvars_command(install, toolset), env))
         if "INCLUDE" not in captured or "LIB" not in captured:
             raise ToolchainError(f"vcvarsall.bat x64 -vcvars_ver={toolset} did not set INCLUDE and LIB")
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(captured, indent=1, sort_keys=True), encoding="utf-8")
+        write_atomic(cache, json.dumps(captured, indent=1, sort_keys=True))
     banner = run(["cl.exe"], captured)
     return Msvc(install, toolset, captured, check_cl_banner(banner, toolset))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import os
 import stat
 import tarfile
 import time
@@ -14,12 +13,15 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from .atomic import replacing
+from .atomic import sha256sums as _sums_text
+
 __all__ = ["sha256sums", "write_package"]
 
 
 def sha256sums(files: Mapping[str, bytes]) -> bytes:
-    lines = [f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted(files.items())]
-    return "".join(lines).encode()
+    """The package's SHA256SUMS member over `files` (name -> bytes)."""
+    return _sums_text({name: hashlib.sha256(data).hexdigest() for name, data in files.items()}).encode()
 
 
 def _mode(name: str, executable: set[str]) -> int:
@@ -28,10 +30,8 @@ def _mode(name: str, executable: set[str]) -> int:
 
 def write_package(dest: Path, top: str, files: Mapping[str, bytes], executable: set[str], epoch: int) -> None:
     """`files` maps member name (inside `top/`) to bytes; `dest` ends in .tar.gz or .zip."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     names = sorted(files)
-    try:
+    with replacing(dest) as part:
         if dest.name.endswith(".zip"):
             # zip timestamps start at 1980
             when = max(epoch, 315532800)
@@ -56,6 +56,3 @@ def write_package(dest: Path, top: str, files: Mapping[str, bytes], executable: 
                     tf.addfile(info, io.BytesIO(files[name]))
             with part.open("wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=epoch) as gz:
                 gz.write(raw.getvalue())
-        os.replace(part, dest)
-    finally:
-        part.unlink(missing_ok=True)

@@ -10,13 +10,16 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from .arches import Api, api_of, version_tuple
 from .config import ResolvedConfig
 from .config.release import ReleaseEntry
-from .discover import CudaToolkit, HipSdk, Missing, Tool, Toolchains
+from .discover import CudaToolkit, HipSdk, Tool, Toolchains
 from .errors import ToolchainError
+from .msvc import Msvc
+from .sdk import Missing, Sdk
+from .windows_sdk import WinHipSdk
 
 __all__ = ["BackendSpec", "Plan", "make_plan", "make_release_plans"]
 
@@ -60,7 +63,7 @@ class Plan:
     backends: tuple[BackendSpec, ...]
     notes: tuple[str, ...]
     host_os: str = sys.platform
-    msvc: Any = None  # msvc.Msvc when a Windows GPU backend is built on Windows
+    msvc: Msvc | None = None  # when a Windows GPU backend is built on Windows
 
     @property
     def cross(self) -> bool:
@@ -103,6 +106,27 @@ class Plan:
         assert isinstance(self.toolchains.cuda, CudaToolkit)
         return self.toolchains.cuda
 
+    def fingerprint(self, api: str) -> dict[str, str]:
+        """The toolchain an artifact of `api` (or "host") is built with; a change rebuilds it."""
+        if api in ("host", "ref"):
+            return self.host_cc.fingerprint()
+        if self.windows and self.msvc is not None:
+            sdk: Sdk = self.win_hip if api == "hip" else self.cuda
+            return {**sdk.fingerprint(), **self.msvc.fingerprint()}
+        return (self.hip if api == "hip" else self.cuda).fingerprint()
+
+    @property
+    def win_hip(self) -> WinHipSdk:
+        """The Windows HIP SDK, on a Windows build host that has one."""
+        assert isinstance(self.toolchains.win_hip, WinHipSdk)
+        return self.toolchains.win_hip
+
+    @property
+    def msvc_env(self) -> dict[str, str]:
+        """The pinned MSVC's environment, on a Windows build host building a GPU backend."""
+        assert self.msvc is not None
+        return dict(self.msvc.env)
+
 
 def _group(arches: tuple[str, ...]) -> dict[Api, tuple[str, ...]]:
     out: dict[Api, list[str]] = {}
@@ -111,7 +135,7 @@ def _group(arches: tuple[str, ...]) -> dict[Api, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-MsvcResolver = Callable[[bool], Any]  # for_hip -> msvc.Msvc (raises ToolchainError)
+MsvcResolver = Callable[[bool], Msvc]  # for_hip -> the pinned MSVC (raises ToolchainError)
 
 
 def _native_arches(tool: Path | None, run: Callable[[list[str]], str]) -> list[str]:
@@ -223,7 +247,7 @@ class _Context:
             raise ToolchainError("internal: a Windows GPU backend without MSVC")
         return Plan(rc, toolchains, self.root, platform, host, tuple(backends), tuple(notes), self.host_os, msvc)
 
-    def _msvc(self, api: str) -> Any:
+    def _msvc(self, api: str) -> Msvc:
         resolver = self.msvc_resolver or _default_msvc(self.rc, self.env, self.root)
         return resolver(api == "hip")
 
@@ -236,11 +260,13 @@ class _Context:
         if spec.windows and not native_windows:
             sdk = "the HIP SDK and MSVC" if api == "hip" else "the CUDA toolkit and MSVC"
             raise ToolchainError(f"needs Windows with {sdk}; it cannot be cross-built from Linux")
-        chain: Any = (
+        chain: Sdk | Missing | None = (
             toolchains.win_hip
             if (api == "hip" and native_windows)
             else (toolchains.hip if api == "hip" else toolchains.cuda)
         )
+        if chain is None:
+            raise ToolchainError("internal: no Windows HIP SDK discovery on this host")
         if "native" in arches and not isinstance(chain, Missing):
             arches = self._native(chain, arches, native_windows)
         if isinstance(chain, Missing):
@@ -248,7 +274,7 @@ class _Context:
         pinned = self.rc.config.release.sdk.get(api) if self.rc.config.release and mode == "release" else None
         if pinned and version_tuple(chain.version)[:2] != version_tuple(pinned)[:2]:
             sdk = "CUDA" if api == "cuda" else "HIP SDK"
-            where = getattr(chain, "root", None) or getattr(chain, "home", "")
+            where = chain.location
             raise ToolchainError(f"needs {sdk} {pinned} (release.sdk.{api}); found {chain.version} at {where}")
         bad = [a for a in arches if not chain.supports(a)]
         if bad and mode != "default":
@@ -257,19 +283,20 @@ class _Context:
             why = (
                 f"CUDA {chain.version} does not list them in nvcc --list-gpu-arch"
                 if isinstance(chain, CudaToolkit)
-                else f"HIP SDK {chain.version} at {chain.root} has no device library for them"
+                else f"HIP SDK {chain.version} at {chain.location} has no device library for them"
             )
             notes.append(f"{platform}-{api}: skipping {', '.join(bad)}: {why}")
             arches = tuple(a for a in arches if a not in bad)
             if not arches:
                 notes.append(f"{platform}-{api}: skipped: none of its default arches can be built here")
                 return None
-        if api == "hip" and self.rc.config.hip.offload_compress and not chain.offload_compress:
+        hip_sdk = isinstance(chain, (HipSdk, WinHipSdk))
+        if hip_sdk and self.rc.config.hip.offload_compress and not getattr(chain, "offload_compress", False):
             what = getattr(chain, "compiler_version", "") or f"HIP SDK {chain.version}"
             notes.append(f"{platform}-hip: offload bundles stay uncompressed: {what} has no --offload-compress")
         return BackendSpec(platform, api, arches, spec.bundle_hip_runtime)
 
-    def _native(self, chain: Any, arches: tuple[str, ...], native_windows: bool) -> tuple[str, ...]:
+    def _native(self, chain: Sdk, arches: tuple[str, ...], native_windows: bool) -> tuple[str, ...]:
         tool = getattr(chain, "arch_tool", None)
         if tool is None and not native_windows and isinstance(chain, HipSdk):
             found = chain.compiler.resolve().parent / "amdgpu-arch"
@@ -281,14 +308,15 @@ class _Context:
         return tuple(dict.fromkeys(a for a in (*arches, *detected) if a != "native"))
 
 
-def _cannot_build(chain: Any, bad: list[str]) -> str:
+def _cannot_build(chain: Sdk, bad: list[str]) -> str:
     if isinstance(chain, HipSdk):
         return "; ".join(chain.unsupported(a) for a in bad)
-    if not isinstance(chain, CudaToolkit):  # the Windows HIP SDK
+    if isinstance(chain, WinHipSdk):
         return (
             f"HIP SDK {chain.version} at {chain.root} cannot build {', '.join(bad)}: no device library "
             f"for it in {chain.device_lib_dir} (it has {', '.join(chain.available) or 'none'})"
         )
+    assert isinstance(chain, CudaToolkit)
     return (
         f"CUDA {chain.version} ({chain.nvcc}) cannot build {', '.join(bad)} "
         f"(nvcc --list-gpu-arch gives {', '.join(chain.gpu_arches)})"

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .atomic import write_atomic
+
 __all__ = ["Prober", "which"]
 
 
@@ -58,8 +60,5 @@ class Prober:
     def save(self) -> None:
         if not (self._dirty and self.cache_file):
             return
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self._cache, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.cache_file)
+        write_atomic(self.cache_file, json.dumps(self._cache, indent=1, sort_keys=True))
         self._dirty = False

@@ -12,7 +12,6 @@ either the previous complete release or the new complete one, never a mix.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import file_sha256, sha256sums, write_atomic
 from .errors import ColiError, ConfigError
 
 __all__ = ["MANIFEST", "SUMS", "format_summary", "manifest_json", "merge_releases", "publish_release"]
@@ -30,21 +30,13 @@ SUMS = "SHA256SUMS"
 SCHEMA = 1
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def manifest_json(head: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> str:
     """The manifest's exact text: sorted keys, entries in matrix order, no clock time."""
     return json.dumps({"schema": SCHEMA, **head, "entries": list(entries)}, indent=2, sort_keys=True) + "\n"
 
 
 def _sums(folder: Path, names: Iterable[str]) -> str:
-    return "".join(f"{_sha256(folder / n)}  {n}\n" for n in sorted(names))
+    return sha256sums({n: file_sha256(folder / n) for n in names})
 
 
 def publish_release(
@@ -66,12 +58,12 @@ def publish_release(
             name = e.get("package")
             if name:
                 shutil.copyfile(packages[name], stage / name)
-                e["sha256"] = _sha256(stage / name)
+                e["sha256"] = file_sha256(stage / name)
                 e["size"] = (stage / name).stat().st_size
             out.append(e)
-        (stage / MANIFEST).write_text(manifest_json(head, out), encoding="utf-8")
+        write_atomic(stage / MANIFEST, manifest_json(head, out))
         names = [e["package"] for e in out if e.get("package")] + [MANIFEST]
-        (stage / SUMS).write_text(_sums(stage, names), encoding="utf-8")
+        write_atomic(stage / SUMS, _sums(stage, names))
         _swap_in(stage, dest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -124,7 +116,7 @@ def _read_release(folder: Path) -> dict[str, Any]:
     )
     for e in data["entries"]:
         name = e.get("package")
-        digest = _sha256(folder / name) if name and (folder / name).is_file() else None
+        digest = file_sha256(folder / name) if name and (folder / name).is_file() else None
         if name and (digest is None or digest != e.get("sha256") or digest != sums.get(name)):
             raise ConfigError(f"{folder / name}: missing or does not match its sha256 in {MANIFEST}")
     return data

@@ -14,7 +14,6 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,82 +21,23 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from .abi import RENDERINGS, load_abi, render_abi
+from .atomic import write_atomic
 from .build import run_command
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
-from .config import ResolvedConfig, load_config
-from .config.release import ReleaseEntry, release_entries
-from .discover import Missing, Toolchains, discover
-from .errors import ColiError, ConfigError, ReleaseError, ValidateError, VerifyError
-from .plan import BackendSpec, Plan, make_plan, make_release_plans
-from .probe import Prober
+from .discover import Missing
+from .errors import ColiError, ReleaseError, ValidateError, VerifyError
+from .plan import BackendSpec, Plan
+from .project import Loaded, ReleaseRun
 from .publish import MANIFEST, SUMS, format_summary, publish_release
 from .report import ColiReporter
 from .revision import source_revision
 from .validate import Validation, format_validation, validate_backend, validate_host
 from .verify import format_table, verify_artifact
+from .windows_sdk import WinHipSdk
 
-__all__ = ["Loaded", "doit_config", "entry_fingerprint", "load_plan", "make_tasks"]
+__all__ = ["doit_config", "make_tasks"]
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
-
-
-@dataclass(frozen=True)
-class ReleaseRun:
-    entries: tuple[ReleaseEntry, ...]
-    not_built: Mapping[str, str]  # entry id -> what this machine lacks to build it
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What dodo.py builds: one plan per platform (one for `doit build`, one per platform
-    of the matrix for a release config) and, for a release config, its entries."""
-
-    rc: ResolvedConfig
-    root: Path
-    toolchains: Toolchains
-    plans: tuple[Plan, ...]
-    release: ReleaseRun | None
-
-    @property
-    def build_dir(self) -> Path:
-        return (self.root / self.rc.config.build.build_dir).absolute()
-
-    @property
-    def dist_dir(self) -> Path:
-        return (self.root / self.rc.config.build.dist_dir).absolute()
-
-
-def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) -> Loaded:
-    """Config (file < env < variables), toolchain discovery, and the build plans."""
-    config_file = Path(variables.get("config") or env.get("COLI_CONFIG") or root / "configs/default.toml")
-    rc: ResolvedConfig = load_config(config_file, env, variables)
-    prober = Prober((root / rc.config.build.build_dir / ".cache" / "probes.json").absolute())
-    toolchains = discover(rc, env, prober)
-    release = rc.config.release
-    if release is None:
-        return Loaded(rc, root, toolchains, (make_plan(rc, toolchains, root, env=env),), None)
-    given = [f"{v}=" for v in ("arch", "os") if v in variables]
-    if given:
-        raise ConfigError(
-            f"{' and '.join(given)} do not apply to a release config ({config_file}): its [release] table says "
-            "what to build; pick entries with entry=<id>[,<id>...]"
-        )
-    entries = release_entries(release)
-    plans, skipped = make_release_plans(rc, toolchains, root, entries, env=env)
-    run = ReleaseRun(tuple(entries), {e.id: why for e, why in skipped})
-    return Loaded(rc, root, toolchains, tuple(plans), run)
-
-
-def entry_fingerprint(loaded: Loaded, entry_id: str) -> dict[str, Any]:
-    """The host and API toolchains one release entry is built with; what it lacks when it cannot be built."""
-    for plan in loaded.plans:
-        graph = _Graph(plan)
-        for spec in plan.backends:
-            if spec.task == entry_id:
-                return {"host": graph.fingerprint("host"), spec.api: graph.fingerprint(spec.api)}
-    if loaded.release is not None and entry_id in loaded.release.not_built:
-        return {"not-built": loaded.release.not_built[entry_id]}
-    raise ConfigError(f"no release entry '{entry_id}' in {loaded.rc.file}")
 
 
 def doit_config(loaded: Loaded) -> dict[str, Any]:
@@ -165,13 +105,6 @@ def _say(text: str) -> None:
         out.flush()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, path)
-
-
 def _command_state(cmd: Command, fingerprint: Mapping[str, str]) -> dict[str, Any]:
     return {
         "argv": list(cmd.argv),
@@ -207,15 +140,7 @@ class _Graph:
         return f"coli-{self.plan.rc.config.version}-{spec.platform}-{spec.api}-{spec.archkey}"
 
     def fingerprint(self, api: str) -> dict[str, str]:
-        tc = self.plan.toolchains
-        if api in ("host", "ref"):
-            return self.plan.host_cc.fingerprint()
-        if self.plan.windows and self.plan.msvc is not None:
-            chain_w: Any = tc.win_hip if api == "hip" else tc.cuda
-            return {**chain_w.fingerprint(), **self.plan.msvc.fingerprint()}
-        chain = tc.hip if api == "hip" else tc.cuda
-        assert not isinstance(chain, Missing)
-        return chain.fingerprint()
+        return self.plan.fingerprint(api)
 
     def forbidden_paths(self) -> list[str]:
         paths = [str(self.root), str(self.plan.build_dir)]
@@ -275,7 +200,7 @@ class _Graph:
 
     def _verify(self, artifact: Path, kind: str, arches: tuple[str, ...], out: Path) -> None:
         report = verify_artifact(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
-        _write_atomic(out, report.to_json())
+        write_atomic(out, report.to_json())
         _say(format_table([report]))
         if not report.ok:
             raise VerifyError(f"{artifact.name}: " + "; ".join(report.failures()))
@@ -361,7 +286,7 @@ class _Graph:
         self._report(result, out)
 
     def _report(self, result: Validation, out: Path) -> None:
-        _write_atomic(out, result.to_json())
+        write_atomic(out, result.to_json())
         _say(format_validation(result))
         if result.status == "failed":
             raise ValidateError(result.summary())
@@ -438,13 +363,17 @@ class _Graph:
     def hip_runtime_dir(self) -> str:
         """The runtime validation binds: the SDK's own (lib on Linux, bin on Windows)."""
         win = self.plan.toolchains.win_hip
-        return str(win.bin_dir) if self.plan.windows and win is not None else str(self.plan.hip.lib_dir)
+        return str(win.bin_dir) if self.plan.windows and isinstance(win, WinHipSdk) else str(self.plan.hip.lib_dir)
 
     def _hip_runtime_files(self, spec: BackendSpec, host: str, backend: str) -> dict[str, bytes]:
         """The runtime README, and the runtime itself only when the config asks for it."""
         import jinja2
 
-        win = self.plan.toolchains.win_hip if spec.windows else None
+        win = (
+            self.plan.toolchains.win_hip
+            if spec.windows and isinstance(self.plan.toolchains.win_hip, WinHipSdk)
+            else None
+        )
         runtime = win.runtime_dll if win is not None else self.plan.hip.runtime_name
         runtime_dir = Path(str(win.bin_dir)) if win is not None else self.plan.hip.lib_dir
         sdk_version = win.version if win is not None else self.plan.hip.version
@@ -546,7 +475,7 @@ class _Project:
         for name, text in render_abi(load_abi(self.abi_file)).items():
             target = self.gen_dir / name
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
-                _write_atomic(target, text)
+                write_atomic(target, text)
 
     def task_build(self) -> dict[str, Any]:
         """Build, verify, validate and package everything the config asks for (the default task)."""
@@ -630,7 +559,7 @@ class _Project:
         out = workflow_path(self.root, rc)
 
         def write() -> None:
-            _write_atomic(out, render_workflow(self.root, rc))
+            write_atomic(out, render_workflow(self.root, rc))
             _say(f"workflow {out.relative_to(self.root)}")
 
         return _task(

@@ -16,7 +16,7 @@ from pathlib import PureWindowsPath
 
 from .arches import version_tuple
 from .config.schema import HipSection
-from .discover import Missing
+from .sdk import Missing
 
 __all__ = ["Probe", "WinHipSdk", "find_windows_hip"]
 
@@ -43,6 +43,10 @@ class WinHipSdk:
     arch_tool: PureWindowsPath | None  # amdgpu-arch.exe or hipInfo.exe: arch=native needs one
     available: tuple[str, ...] = ()  # gfx targets with a device library
     sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
 
     def supports(self, arch: str) -> bool:
         return arch in self.available

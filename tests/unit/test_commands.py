@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.test_plan import _plan
-from toolchain.commands import HOST_SOURCES, ROCM_VARIABLES, backend_command, host_command
+from toolchain.command_data import HOST_SOURCES, ROCM_VARIABLES
+from toolchain.commands import backend_command, host_command
 
 
 def test_hip_command_uses_every_resolved_component(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
+from ..atomic import write_atomic
 from .load import ENV_KEYS, VAR_KEYS
 from .schema import Config
 
@@ -101,8 +102,7 @@ def main() -> int:
             if rel in CHECKED and (not path.is_file() or path.read_text(encoding="utf-8") != text):
                 stale.append(rel)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            write_atomic(path, text)
     if stale:
         print(f"out of date: {', '.join(stale)} (run python -m toolchain.config.reference)", file=sys.stderr)
         return 1

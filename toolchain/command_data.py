@@ -1,0 +1,100 @@
+"""What the Linux and the Windows command builders share: the sources and headers
+each artifact is built from, the variables that steer a ROCm toolchain from the
+outside, and nvcc's -gencode for a list of arches."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BACKEND_HEADERS",
+    "C_WARNINGS",
+    "GEN_HEADERS",
+    "GPU_SOURCES",
+    "HOST_HEADERS",
+    "HOST_SOURCES",
+    "MINGW_DEFINES",
+    "REF_SOURCES",
+    "ROCM_VARIABLES",
+    "cuda_gencode",
+]
+
+HOST_SOURCES = (
+    "engine/main.c",
+    "engine/clock.c",
+    "engine/utf8.c",
+    "engine/loader.c",
+    "engine/hip_binding.c",
+    "engine/selftest.c",
+    "engine/json_out.c",
+    "engine/json.c",
+    "engine/safetensors.c",
+    "engine/model_load.c",
+    "engine/model_forward.c",
+    "engine/pool.c",
+    "kernels/cpu_ops.c",
+)
+HOST_HEADERS = (
+    "engine/clock.h",
+    "engine/loader.h",
+    "engine/utf8.h",
+    "engine/hip_binding.h",
+    "engine/selftest.h",
+    "engine/json_out.h",
+    "engine/json.h",
+    "engine/safetensors.h",
+    "engine/model.h",
+    "engine/pool.h",
+    "kernels/cpu_ops.h",
+)
+REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
+GPU_SOURCES = ("kernels/backend_gpu.cu",)
+BACKEND_HEADERS = (
+    "kernels/backend_common.h",
+    "kernels/backend_tensors.h",
+    "kernels/cpu_ops.h",
+    "kernels/gpu_compat.h",
+    "kernels/gpu_launch.cuh",
+    "kernels/gpu_formats.cuh",
+    "kernels/gpu_simple.cuh",
+    "kernels/gpu_gemv.cuh",
+    "kernels/gpu_tile.cuh",
+    "kernels/gpu_decode.cuh",
+    "kernels/gpu_mma.cuh",
+    "kernels/gpu_gemm.cuh",
+    "kernels/gpu_decode_bulk.cuh",
+    "kernels/gpu_decode_mma.cuh",
+    "kernels/gpu_decode_tiled.cuh",
+    "kernels/gpu_dispatch.cuh",
+)
+GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")
+
+# Variables that steer a ROCm toolchain from the outside; the HIP compile clears
+# them so only the SDK this build resolved can be used.
+ROCM_VARIABLES = (
+    "ROCM_PATH",
+    "ROCM_HOME",
+    "HIP_PATH",
+    "HIP_DEVICE_LIB_PATH",
+    "HIP_PLATFORM",
+    "HIP_COMPILER",
+    "HIP_RUNTIME",
+    "HIP_CLANG_PATH",
+    "HIP_ROCCLR_HOME",
+    "HSA_PATH",
+    "DEVICE_LIB_PATH",
+    "HIPCC_COMPILE_FLAGS_APPEND",
+    "HIPCC_LINK_FLAGS_APPEND",
+)
+
+C_WARNINGS = ("-std=c11", "-Wall", "-Wextra")
+# MinGW's default printf is msvcrt's, which lacks %zu and %lld; use its C99 one.
+MINGW_DEFINES = ("-D__USE_MINGW_ANSI_STDIO=1",)
+
+
+def cuda_gencode(arches: tuple[str, ...]) -> list[str]:
+    """SASS for every arch, and PTX of the newest so newer GPUs can JIT it."""
+    out: list[str] = []
+    for i, arch in enumerate(arches):
+        num = arch.removeprefix("sm_")
+        code = f"[sm_{num},compute_{num}]" if i == len(arches) - 1 else f"sm_{num}"
+        out += ["-gencode", f"arch=compute_{num},code={code}"]
+    return out
