@@ -2,14 +2,14 @@
 # Run by hand on a CUDA machine (the device tool), after bench/gpu_check.sh's
 # correctness run: times the backend's kernels (and each S = 1 variant) at decode
 # and prefill shapes against the copy bandwidth, PyTorch's f16 matmul at the same
-# shapes and a whole backend call at S = 1 (bench/call_latency.c), then prints
+# shapes and a whole backend call at S = 1 (tools/call_latency.c), then prints
 # the tables (bench/gpu_summary.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
 mkdir -p "$out"
 source bench/gpu_build.sh || exit 1 # the backend for call_latency, and build/gen for the bench
-nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -Ikernels bench/gpu_matmul_bench.cu \
+nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -Ikernels -Itools bench/gpu_matmul_bench.cu \
   -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 # a wrong setting stops the bench with one line before it touches the GPU
 rc=0
@@ -32,7 +32,7 @@ CASES
 # a whole backend call at S = 1, as the engine's decode makes it (copies and the wait included),
 # through the backend the task graph built
 work=$(mktemp -d)
-gcc -std=c11 -O2 -Wall -Wextra -Ibuild/gen bench/call_latency.c -L"$(dirname "$LIB")" -l:libcoli_cuda.so \
+gcc -std=c11 -O2 -Wall -Wextra -Ibuild/gen tools/call_latency.c -L"$(dirname "$LIB")" -l:libcoli_cuda.so \
     -o "$work/call_latency" &&
   LD_LIBRARY_PATH="$(dirname "$LIB")" "$work/call_latency" > "$out/call_latency.jsonl" || rc=1
 if [[ ${COLI_BENCH_TORCH:-1} == 1 ]]; then python3 bench/torch_f16_baseline.py > "$out/torch_f16.jsonl" || rc=1; fi

@@ -3,7 +3,7 @@
  *
  * COLI_BENCH_S1=1 times S = 1 only; COLI_BENCH_ONLY=name,... only the variants
  * whose names contain one of these; COLI_BENCH_SHAPES=RxC,... these shapes
- * instead of the three decode shapes (bench_env.h says what each allows; a wrong
+ * instead of the three decode shapes (tools/bench_env.h says what each allows; a wrong
  * value stops the run with exit status 2); `gpu_matmul_bench profile` runs each
  * S = 1 matmul once, untimed, for a profiler. COLI_BENCH_TILE=1 stores int4 tile by
  * tile at every width it can (rows of whole 32s, groups of 32, sm_90) and times

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 import jinja2
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import ConfigError
+from .toml_model import load_toml_model, read_text
 
-__all__ = ["Abi", "Arg", "Constant", "Field", "Function", "Struct", "load_abi", "render_abi"]
+__all__ = ["Abi", "Arg", "Constant", "Function", "Struct", "StructField", "load_abi", "render_abi"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -26,9 +27,15 @@ RENDERINGS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Arg:
-    name: str
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+Identifier = Annotated[str, Field(pattern=_IDENT.pattern)]
+
+
+class Arg(_Model):
+    name: Identifier
     type: str
 
     @property
@@ -37,14 +44,13 @@ class Arg:
         return f"{self.type}{sep}{self.name}"
 
 
-@dataclass(frozen=True)
-class Function:
-    name: str
+class Function(_Model):
+    name: Identifier
     returns: str
     args: tuple[Arg, ...]
     doc: str
     optional: bool = False
-    since_minor: int = 0
+    since_minor: int = Field(0, ge=0)
 
     @property
     def member(self) -> str:
@@ -56,19 +62,17 @@ class Function:
         return ", ".join(a.decl for a in self.args) or "void"
 
 
-@dataclass(frozen=True)
-class Constant:
-    name: str
+class Constant(_Model):
+    name: Identifier
     value: int
     doc: str
 
 
-@dataclass(frozen=True)
-class Field:
-    name: str
+class StructField(_Model):
+    name: Identifier
     type: str
-    doc: str
-    array: int | None = None
+    doc: str = ""
+    array: int | None = Field(None, gt=0)
 
     @property
     def decl(self) -> str:
@@ -76,11 +80,48 @@ class Field:
         return f"{self.type} {self.name}{suffix}"
 
 
-@dataclass(frozen=True)
-class Struct:
-    name: str
-    doc: str
-    fields: tuple[Field, ...]
+class Struct(_Model):
+    name: Identifier
+    doc: str = ""
+    fields: tuple[StructField, ...]
+
+
+class _Head(_Model):
+    name: Identifier
+    prefix: str
+    major: int = Field(ge=0, le=0xFFFF)
+    minor: int = Field(ge=0, le=0xFFFF)
+
+
+def _distinct(values: list[Any], what: str) -> None:
+    dupes = sorted({str(v) for v in values if values.count(v) > 1})
+    if dupes:
+        raise ValueError(f"{what} defined twice: {', '.join(dupes)}")
+
+
+class _AbiFile(_Model):
+    """kernels/abi.toml, table by table."""
+
+    abi: _Head
+    status: tuple[Constant, ...] = ()
+    format: tuple[Constant, ...] = ()
+    struct: tuple[Struct, ...] = ()
+    function: tuple[Function, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _AbiFile:
+        if not self.function:
+            raise ValueError("no functions defined")
+        for f in self.function:
+            if not f.name.startswith(self.abi.prefix):
+                raise ValueError(f"function name '{f.name}' must be an identifier starting with '{self.abi.prefix}'")
+            if f.since_minor > self.abi.minor:
+                raise ValueError(f"{f.name} is since minor {f.since_minor}, past the ABI's minor {self.abi.minor}")
+        _distinct([f.name for f in self.function], "functions")
+        for table in ("status", "format"):
+            _distinct([c.value for c in getattr(self, table)], f"{table} values")
+            _distinct([c.name for c in getattr(self, table)], f"{table} names")
+        return self
 
 
 @dataclass(frozen=True)
@@ -108,83 +149,18 @@ class Abi:
         return tuple(f.name for f in self.functions if not f.optional)
 
 
-def _require(table: dict[str, object], key: str, where: str, kind: type) -> object:
-    if key not in table:
-        raise ConfigError(f"{where}: missing key '{key}'")
-    value = table[key]
-    if not isinstance(value, kind):
-        raise ConfigError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
-    return value
-
-
-def _constants(raw: list[dict[str, object]], where: str) -> tuple[Constant, ...]:
-    out = []
-    for i, c in enumerate(raw):
-        w = f"{where}[{i}]"
-        out.append(
-            Constant(
-                name=str(_require(c, "name", w, str)),
-                value=int(_require(c, "value", w, int)),  # type: ignore[call-overload]
-                doc=str(_require(c, "doc", w, str)),
-            )
-        )
-    values = [c.value for c in out]
-    if len(set(values)) != len(values):
-        raise ConfigError(f"{where}: duplicate values {values}")
-    return tuple(out)
-
-
 def load_abi(path: Path) -> Abi:
-    """Load and check the ABI file: unique identifiers, prefix on every function."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the ABI: {exc}") from exc
-    head = raw.get("abi", {})
-    prefix = str(_require(head, "prefix", f"{path}:abi", str))
-    functions = []
-    for i, f in enumerate(raw.get("function", [])):
-        w = f"{path}:function[{i}]"
-        args = tuple(
-            Arg(str(_require(a, "name", w, str)), str(_require(a, "type", w, str)))
-            for a in _require(f, "args", w, list)  # type: ignore[attr-defined]
-        )
-        fn = Function(
-            name=str(_require(f, "name", w, str)),
-            returns=str(_require(f, "returns", w, str)),
-            args=args,
-            doc=str(_require(f, "doc", w, str)),
-            optional=bool(f.get("optional", False)),
-            since_minor=int(f.get("since_minor", 0)),
-        )
-        if not fn.name.startswith(prefix) or not _IDENT.match(fn.name):
-            raise ConfigError(f"{w}: function name '{fn.name}' must be an identifier starting with '{prefix}'")
-        functions.append(fn)
-    names = [f.name for f in functions]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{path}: functions defined twice: {', '.join(dupes)}")
-    if not functions:
-        raise ConfigError(f"{path}: no functions defined")
-    structs = tuple(
-        Struct(
-            name=str(s["name"]),
-            doc=str(s.get("doc", "")),
-            fields=tuple(
-                Field(str(fl["name"]), str(fl["type"]), str(fl.get("doc", "")), fl.get("array")) for fl in s["fields"]
-            ),
-        )
-        for s in raw.get("struct", [])
-    )
+    """Load and check the ABI file: identifiers, the prefix on every function, nothing twice."""
+    raw = load_toml_model(read_text(path, "the ABI"), _AbiFile, str(path))
     return Abi(
-        name=str(_require(head, "name", f"{path}:abi", str)),
-        prefix=prefix,
-        major=int(_require(head, "major", f"{path}:abi", int)),  # type: ignore[call-overload]
-        minor=int(_require(head, "minor", f"{path}:abi", int)),  # type: ignore[call-overload]
-        statuses=_constants(raw.get("status", []), f"{path}:status"),
-        formats=_constants(raw.get("format", []), f"{path}:format"),
-        structs=structs,
-        functions=tuple(functions),
+        name=raw.abi.name,
+        prefix=raw.abi.prefix,
+        major=raw.abi.major,
+        minor=raw.abi.minor,
+        statuses=raw.status,
+        formats=raw.format,
+        structs=raw.struct,
+        functions=raw.function,
     )
 
 

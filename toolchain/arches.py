@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .toml_model import load_toml_model
 
 __all__ = ["Api", "ArchTable", "SdkRange", "api_of", "arch_table", "version_tuple"]
 
@@ -28,12 +31,16 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class SdkRange:
+Version = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)*$")]
+
+
+class SdkRange(BaseModel):
     """The SDK releases that build one arch: since <= version, and version <= until when set."""
 
-    since: str
-    until: str | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    since: Version
+    until: Version | None = None
 
     def admits(self, version: str) -> bool:
         v = version_tuple(version)[:2]
@@ -41,6 +48,48 @@ class SdkRange:
 
     def __str__(self) -> str:
         return f"{self.since} to {self.until}" if self.until else f"{self.since} or newer"
+
+
+class _SdkSpans(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: dict[str, SdkRange] = {}
+    arch: dict[str, SdkRange] = {}
+
+
+class _ApiArches(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    families: dict[str, tuple[str, ...]]
+    sdk: _SdkSpans = _SdkSpans()
+
+
+class _ArchesFile(BaseModel):
+    """toolchain/data/arches.toml: each API's families and the SDK releases that build them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hip: _ApiArches
+    cuda: _ApiArches
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _ArchesFile:
+        seen: set[str] = set()
+        for api in ("hip", "cuda"):
+            table: _ApiArches = getattr(self, api)
+            for name in sorted(set(table.sdk.family) - set(table.families)):
+                raise ValueError(f"{api}.sdk.family.{name} is not a family")
+            for name, members in table.families.items():
+                if name not in table.sdk.family:
+                    raise ValueError(f"{api}.sdk.family has no range for {name}")
+                for arch in members:
+                    if arch in seen:
+                        raise ValueError(f"{arch} is listed twice")
+                    seen.add(arch)
+            for arch in table.sdk.arch:
+                if not any(arch in m for m in table.families.values()):
+                    raise ValueError(f"{api}.sdk.arch.{arch} is in no {api} family")
+        return self
 
 
 @dataclass(frozen=True)
@@ -94,30 +143,18 @@ class ArchTable:
 
 @cache
 def arch_table() -> ArchTable:
-    raw = tomllib.loads(resources.files("toolchain.data").joinpath("arches.toml").read_text(encoding="utf-8"))
-    return _table(raw)
+    text = resources.files("toolchain.data").joinpath("arches.toml").read_text(encoding="utf-8")
+    return _table(load_toml_model(text, _ArchesFile, "toolchain/data/arches.toml"))
 
 
-def _table(raw: dict[str, Any]) -> ArchTable:
-    """Build and check the table: no arch twice, every family and arch given an SDK range."""
-    families = {api: {k: tuple(v) for k, v in raw[api]["families"].items()} for api in ("hip", "cuda")}
+def _table(raw: _ArchesFile) -> ArchTable:
+    """The families of each API, and every arch's SDK range (its own, else its family's)."""
     sdk: dict[str, SdkRange] = {}
-    for api, fams in families.items():
-        spans = raw[api].get("sdk", {})
-        for name in set(spans.get("family", {})) - set(fams):
-            raise ValueError(f"arches.toml: {api}.sdk.family.{name} is not a family")
-        for name, members in fams.items():
-            if name not in spans.get("family", {}):
-                raise ValueError(f"arches.toml: {api}.sdk.family has no range for {name}")
+    for table in (raw.hip, raw.cuda):
+        for name, members in table.families.items():
             for arch in members:
-                if arch in sdk:
-                    raise ValueError(f"arches.toml lists {arch} twice")
-                sdk[arch] = SdkRange(**spans["family"][name])
-        for arch, span in spans.get("arch", {}).items():
-            if not any(arch in m for m in fams.values()):
-                raise ValueError(f"arches.toml: {api}.sdk.arch.{arch} is in no {api} family")
-            sdk[arch] = SdkRange(**span)
-    return ArchTable(hip=families["hip"], cuda=families["cuda"], sdk=sdk)
+                sdk[arch] = table.sdk.arch.get(arch, table.sdk.family[name])
+    return ArchTable(hip=dict(raw.hip.families), cuda=dict(raw.cuda.families), sdk=sdk)
 
 
 def api_of(arch: str) -> Api:

@@ -1,22 +1,112 @@
-"""Deterministic packages: sorted members, fixed times and owners, written to a
-temporary name and renamed, so dist/ never holds a partial package."""
+"""What goes into a package, and writing it: the host, the backend,
+build-info.json, the HIP runtime's README (and the runtime where the config asks)
+and SHA256SUMS; sorted members, fixed times and owners, written to a temporary
+name and renamed, so dist/ never holds a partial package."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
+import json
 import stat
 import tarfile
 import time
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .atomic import replacing
 from .atomic import sha256sums as _sums_text
+from .plan import BackendSpec
+from .revision import Revision
 
-__all__ = ["sha256sums", "write_package"]
+__all__ = ["BUILD_INFO_SCHEMA", "HipRuntime", "build_info", "package_files", "sha256sums", "write_package"]
+
+BUILD_INFO_SCHEMA = 1
+TEMPLATE_DIR = Path(__file__).parent / "templates" / "package"
+
+
+@dataclass(frozen=True)
+class HipRuntime:
+    """The HIP runtime a HIP package's backend binds: its file, the SDK folder that
+    holds it, the SDK's version, and whether the package carries it."""
+
+    name: str
+    folder: Path
+    sdk_version: str
+    bundled: bool
+
+
+def build_info(
+    *,
+    name: str,
+    version: str,
+    spec: BackendSpec,
+    abi: str,
+    revision: Revision,
+    toolchain: Mapping[str, Mapping[str, str]],
+    verify: Mapping[str, Mapping[str, Any]],
+    validate: Mapping[str, Any],
+) -> dict[str, Any]:
+    """build-info.json: what was built, from which source and toolchains, and what
+    verify and validate found."""
+    return {
+        "schema": BUILD_INFO_SCHEMA,
+        "name": name,
+        "version": version,
+        "platform": spec.platform,
+        "api": spec.api,
+        "arches": list(spec.arches),
+        "abi": abi,
+        "source_revision": revision.label,
+        "source_date_epoch": revision.epoch,
+        "toolchain": dict(toolchain),
+        "verify": {k: {"ok": r["ok"], "checks": r["checks"]} for k, r in verify.items()},
+        "validate": dict(validate),
+    }
+
+
+def _hip_readme(spec: BackendSpec, version: str, host: str, backend: str, runtime: HipRuntime) -> bytes:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    text = env.get_template("README-hip-runtime.txt.j2").render(
+        version=version,
+        platform=spec.platform,
+        arches=spec.arches,
+        backend=backend,
+        runtime=runtime.name,
+        windows=spec.windows,
+        bundled=runtime.bundled,
+        sdk_version=runtime.sdk_version,
+        host=host,
+    )
+    return text.encode()
+
+
+def package_files(
+    spec: BackendSpec, host: Path, lib: Path, info: Mapping[str, Any], runtime: HipRuntime | None
+) -> dict[str, bytes]:
+    """A package's members: name -> bytes, SHA256SUMS last over all the others."""
+    files = {
+        host.name: host.read_bytes(),
+        lib.name: lib.read_bytes(),
+        "build-info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
+    }
+    if runtime is not None:
+        files["README-hip-runtime.txt"] = _hip_readme(spec, str(info["version"]), host.name, lib.name, runtime)
+        if runtime.bundled:
+            files[runtime.name] = (runtime.folder / runtime.name).read_bytes()
+    files["SHA256SUMS"] = sha256sums(files)
+    return files
 
 
 def sha256sums(files: Mapping[str, bytes]) -> bytes:

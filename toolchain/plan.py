@@ -76,11 +76,11 @@ class Plan:
 
     @property
     def build_dir(self) -> Path:
-        return (self.root / self.rc.config.build.build_dir).absolute()
+        return self.rc.folders(self.root)[0]
 
     @property
     def dist_dir(self) -> Path:
-        return (self.root / self.rc.config.build.dist_dir).absolute()
+        return self.rc.folders(self.root)[1]
 
     @property
     def gen_dir(self) -> Path:

@@ -38,12 +38,9 @@ class Loaded:
     release: ReleaseRun | None
 
     @property
-    def build_dir(self) -> Path:
-        return (self.root / self.rc.config.build.build_dir).absolute()
-
-    @property
-    def dist_dir(self) -> Path:
-        return (self.root / self.rc.config.build.dist_dir).absolute()
+    def folders(self) -> tuple[Path, Path]:
+        """The build and dist folders, absolute."""
+        return self.rc.folders(self.root)
 
 
 def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) -> Loaded:

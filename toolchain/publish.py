@@ -17,13 +17,25 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .atomic import file_sha256, sha256sums, write_atomic
+from .config.release import ReleaseEntry
 from .errors import ColiError, ConfigError
+from .table import aligned
 
-__all__ = ["MANIFEST", "SUMS", "format_summary", "manifest_json", "merge_releases", "publish_release"]
+__all__ = [
+    "MANIFEST",
+    "SUMS",
+    "BuiltEntry",
+    "format_summary",
+    "manifest_json",
+    "merge_releases",
+    "publish_release",
+    "release_rows",
+]
 
 MANIFEST = "release-manifest.json"
 SUMS = "SHA256SUMS"
@@ -37,6 +49,40 @@ def manifest_json(head: Mapping[str, Any], entries: Sequence[Mapping[str, Any]])
 
 def _sums(folder: Path, names: Iterable[str]) -> str:
     return sha256sums({n: file_sha256(folder / n) for n in names})
+
+
+@dataclass(frozen=True)
+class BuiltEntry:
+    """A release entry that was built: its package, its validation report, its toolchains."""
+
+    package: Path
+    validation: Mapping[str, Any]
+    toolchain: Mapping[str, Mapping[str, str]]
+
+
+def release_rows(
+    entries: Sequence[ReleaseEntry], built: Mapping[str, BuiltEntry], not_built: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The manifest's entries, in matrix order: each built one with its package, validation
+    and toolchains, each other one with what this machine lacks to build it."""
+    rows: list[dict[str, Any]] = []
+    for e in entries:
+        row: dict[str, Any] = {"id": e.id, "platform": e.platform, "api": e.api, "arches": list(e.arches)}
+        if e.group:
+            row["group"] = e.group
+        if e.id in built:
+            b = built[e.id]
+            reason = b.validation["reason"]
+            row |= {
+                "status": "built",
+                "package": b.package.name,
+                "validation": b.validation["status"] + (f": {reason}" if reason else ""),
+                "toolchain": {k: dict(v) for k, v in b.toolchain.items()},
+            }
+        else:
+            row |= {"status": "not-built", "needs": not_built.get(e.id, "not planned")}
+        rows.append(row)
+    return rows
 
 
 def publish_release(
@@ -96,8 +142,7 @@ def format_summary(entries: Sequence[Mapping[str, Any]], dest: Path | None) -> s
             rows.append((e["id"], "built", str(e.get("validation", "")).split(":")[0], detail))
         else:
             rows.append((e["id"], e["status"], "", e.get("needs", "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}".rstrip() for a, b, c, d in rows]
+    lines = aligned(rows)
     built = sum(1 for e in entries if e["status"] == "built")
     tail = f"release: {built} of {len(entries)} entries built"
     if dest is not None:

@@ -26,11 +26,13 @@ from .build import run_command
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
 from .discover import Missing
 from .errors import ColiError, ReleaseError, ValidateError, VerifyError
+from .package import HipRuntime, build_info, package_files, write_package
 from .plan import BackendSpec, Plan
 from .project import Loaded, ReleaseRun
-from .publish import MANIFEST, SUMS, format_summary, publish_release
+from .publish import MANIFEST, SUMS, BuiltEntry, format_summary, publish_release, release_rows
 from .report import ColiReporter
 from .revision import source_revision
+from .table import aligned
 from .validate import Validation, format_validation, validate_backend, validate_host
 from .verify import format_table, verify_artifact
 from .windows_sdk import WinHipSdk
@@ -43,7 +45,7 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 def doit_config(loaded: Loaded) -> dict[str, Any]:
     return {
         "default_tasks": ["build"],
-        "dep_file": str(loaded.build_dir / ".doit.db"),
+        "dep_file": str(loaded.folders[0] / ".doit.db"),
         "backend": "sqlite3",
         "reporter": ColiReporter,
         "par_type": "thread",  # actions wait on compilers; threads share the plan safely
@@ -319,39 +321,26 @@ class _Graph:
             )
 
     def _package(self, spec: BackendSpec, dest: Path) -> None:
-        from .package import sha256sums, write_package
 
         host, lib = self.plan.host_exe, self.plan.backend_lib(spec)
-        reports = {
-            "host": json.loads(self.verify_json("host").read_text(encoding="utf-8")),
-            spec.lib_name: json.loads(self.verify_json(spec.key).read_text(encoding="utf-8")),
-        }
+
+        def report(path: Path) -> dict[str, Any]:
+            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return data
+
         abi = load_abi(self.abi_file)
-        info = {
-            "schema": 1,
-            "name": self.package_name(spec),
-            "version": self.plan.rc.config.version,
-            "platform": spec.platform,
-            "api": spec.api,
-            "arches": list(spec.arches),
-            "abi": f"{abi.major}.{abi.minor}",
-            "source_revision": self.revision.label,
-            "source_date_epoch": self.revision.epoch,
-            "toolchain": {"host": self.fingerprint("host"), spec.api: self.fingerprint(spec.api)},
-            "verify": {name: {"ok": r["ok"], "checks": r["checks"]} for name, r in reports.items()},
-            "validate": {
-                "host": json.loads(self.validate_host_json().read_text(encoding="utf-8")),
-                spec.lib_name: json.loads(self.validate_json(spec).read_text(encoding="utf-8")),
-            },
-        }
-        files = {
-            host.name: host.read_bytes(),
-            lib.name: lib.read_bytes(),
-            "build-info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
-        }
-        if spec.api == "hip":
-            files.update(self._hip_runtime_files(spec, host.name, lib.name))
-        files["SHA256SUMS"] = sha256sums(files)
+        info = build_info(
+            name=self.package_name(spec),
+            version=self.plan.rc.config.version,
+            spec=spec,
+            abi=f"{abi.major}.{abi.minor}",
+            revision=self.revision,
+            toolchain={"host": self.fingerprint("host"), spec.api: self.fingerprint(spec.api)},
+            verify={"host": report(self.verify_json("host")), spec.lib_name: report(self.verify_json(spec.key))},
+            validate={"host": report(self.validate_host_json()), spec.lib_name: report(self.validate_json(spec))},
+        )
+        runtime = self._hip_runtime(spec) if spec.api == "hip" else None
+        files = package_files(spec, host, lib, info, runtime)
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
         print(f"package {dest.name}")
 
@@ -365,40 +354,13 @@ class _Graph:
         win = self.plan.toolchains.win_hip
         return str(win.bin_dir) if self.plan.windows and isinstance(win, WinHipSdk) else str(self.plan.hip.lib_dir)
 
-    def _hip_runtime_files(self, spec: BackendSpec, host: str, backend: str) -> dict[str, bytes]:
-        """The runtime README, and the runtime itself only when the config asks for it."""
-        import jinja2
-
-        win = (
-            self.plan.toolchains.win_hip
-            if spec.windows and isinstance(self.plan.toolchains.win_hip, WinHipSdk)
-            else None
-        )
-        runtime = win.runtime_dll if win is not None else self.plan.hip.runtime_name
-        runtime_dir = Path(str(win.bin_dir)) if win is not None else self.plan.hip.lib_dir
-        sdk_version = win.version if win is not None else self.plan.hip.version
-        bundled = self.bundled(spec)
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATE_DIR / "package"),
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
-        text = env.get_template("README-hip-runtime.txt.j2").render(
-            version=self.plan.rc.config.version,
-            platform=spec.platform,
-            arches=spec.arches,
-            backend=backend,
-            runtime=runtime,
-            windows=spec.windows,
-            bundled=bundled,
-            sdk_version=sdk_version,
-            host=host,
-        )
-        files = {"README-hip-runtime.txt": text.encode()}
-        if bundled:
-            files[runtime] = (runtime_dir / runtime).read_bytes()
-        return files
+    def _hip_runtime(self, spec: BackendSpec) -> HipRuntime:
+        """The HIP runtime a package's backend binds: its SDK's (Windows or Linux)."""
+        win = self.plan.toolchains.win_hip
+        if spec.windows and isinstance(win, WinHipSdk):
+            return HipRuntime(win.runtime_dll, Path(str(win.bin_dir)), win.version, self.bundled(spec))
+        hip = self.plan.hip
+        return HipRuntime(hip.runtime_name, hip.lib_dir, hip.version, self.bundled(spec))
 
 
 class _Project:
@@ -409,7 +371,7 @@ class _Project:
         self.root = loaded.root
         self.graphs = [_Graph(p) for p in loaded.plans]
         self.abi_file = self.root / "kernels" / "abi.toml"
-        self.gen_dir = loaded.build_dir / "gen"
+        self.gen_dir = loaded.folders[0] / "gen"
         self.revision = source_revision(self.root, os.environ)
 
     def task_toolchain(self) -> dict[str, Any]:
@@ -426,9 +388,7 @@ class _Project:
                 missing.append(f"  {c.name}: {c.missing}")
             else:
                 rows.append((c.name, c.path, c.version, c.source))
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        for r in rows:
-            print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}")
+        print("\n".join(aligned(rows)))
         print("buildable arches:")
         print("\n".join(arches) or "  none")
         if missing:
@@ -502,7 +462,7 @@ class _Project:
         )
 
     def release_dir(self) -> Path:
-        return self.loaded.dist_dir / f"release-{self.loaded.rc.config.version}"
+        return self.loaded.folders[1] / f"release-{self.loaded.rc.config.version}"
 
     def release_head(self) -> dict[str, Any]:
         cfg = self.loaded.rc.config
@@ -522,27 +482,16 @@ class _Project:
             raise ReleaseError(
                 f"release.require_all is set and {len(run.not_built)} entries cannot be built here: {missing}"
             )
-        by_id = {s.task: (g, s) for g, s in built}
-        entries: list[dict[str, Any]] = []
-        packages: dict[str, Path] = {}
-        for e in run.entries:
-            row: dict[str, Any] = {"id": e.id, "platform": e.platform, "api": e.api, "arches": list(e.arches)}
-            if e.group:
-                row["group"] = e.group
-            if e.id in by_id:
-                g, spec = by_id[e.id]
-                path = g.package_path(spec)
-                packages[path.name] = path
-                validation = json.loads(g.validate_json(spec).read_text(encoding="utf-8"))
-                row |= {
-                    "status": "built",
-                    "package": path.name,
-                    "validation": validation["status"] + (f": {validation['reason']}" if validation["reason"] else ""),
-                    "toolchain": {"host": g.fingerprint("host"), e.api: g.fingerprint(e.api)},
-                }
-            else:
-                row |= {"status": "not-built", "needs": run.not_built.get(e.id, "not planned")}
-            entries.append(row)
+        done = {
+            spec.task: BuiltEntry(
+                g.package_path(spec),
+                json.loads(g.validate_json(spec).read_text(encoding="utf-8")),
+                {"host": g.fingerprint("host"), spec.api: g.fingerprint(spec.api)},
+            )
+            for g, spec in built
+        }
+        entries = release_rows(run.entries, done, run.not_built)
+        packages = {b.package.name: b.package for b in done.values()}
         publish_release(dest, self.release_head(), entries, packages)
         published = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))["entries"]
         _say(format_summary(published, dest))
@@ -575,7 +524,7 @@ class _Project:
         return _task(actions=[self._clean], uptodate=[False])
 
     def _clean(self) -> None:
-        for d in (self.loaded.build_dir, self.loaded.dist_dir):
+        for d in self.loaded.folders:
             if d.is_dir() and d != self.root:
                 shutil.rmtree(d)
 

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from .inspect import HIP_PE_SECTION, cuda_fatbin_arches, parse_offload_bundle, read_binary
+from .table import aligned
 
 __all__ = ["REPORT_VERSION", "Check", "Report", "allowlist", "format_table", "verify_artifact"]
 
@@ -155,7 +156,4 @@ def format_table(reports: Iterable[Report]) -> str:
     for r in reports:
         for c in r.checks:
             rows.append((Path(r.artifact).name, c.name, "ok" if c.ok else "FAIL", c.detail))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows]
-    lines.insert(1, "-" * min(100, sum(widths) + 6 + max(len(row[3]) for row in rows)))
-    return "\n".join(lines)
+    return "\n".join(aligned(rows, rule=True))

@@ -1,4 +1,4 @@
-// bench/bench_env.h on the host: `bench_env_check shapes LIST`, `only LIST NAME...`
+// tools/bench_env.h on the host: `bench_env_check shapes LIST`, `only LIST NAME...`
 // `s1 VALUE` or `tile VALUE` prints what the bench would take ("shapes R C; R C"), or the error
 // line and exit status 2, as the bench does.
 #include "bench_env.h"

@@ -1,4 +1,4 @@
-"""The GPU bench's settings (bench/bench_env.h): a wrong COLI_BENCH_* value stops the
+"""The GPU bench's settings (tools/bench_env.h): a wrong COLI_BENCH_* value stops the
 run with one line that names the setting, what was wrong and what is allowed, before
 the GPU is touched. The header is checked on the host under the sanitizers;
 bench/gpu_bench.sh checks that the bench itself refuses them before it needs a GPU."""
@@ -18,7 +18,7 @@ def check_exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     need_tool("g++")
     exe = tmp_path_factory.mktemp("bench_env") / "bench_env_check"
     compile_ok(
-        ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{ROOT / 'bench'}",
+        ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{ROOT / 'tools'}",
          str(ROOT / "tests/c/bench_env_check.cpp"), "-o", str(exe)]
     )  # fmt: skip
     return exe

@@ -1,4 +1,4 @@
-"""bench/call_latency.c, the whole-call timer the GPU run uses, built here against
+"""tools/call_latency.c, the whole-call timer the GPU run uses, built here against
 the reference backend itself (one executable, under the sanitizers): it times every
 shape in both formats, and a wrong argument stops it with one line."""
 
@@ -21,7 +21,7 @@ def timer(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     exe = tmp_path_factory.mktemp("call_latency") / "call_latency"
     compile_ok(
         ["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
-         str(ROOT / "bench/call_latency.c"), str(ROOT / "kernels/backend_ref.c"), str(ROOT / "kernels/cpu_ops.c"),
+         str(ROOT / "tools/call_latency.c"), str(ROOT / "kernels/backend_ref.c"), str(ROOT / "kernels/cpu_ops.c"),
          "-o", str(exe), "-lm"]
     )  # fmt: skip
     return exe

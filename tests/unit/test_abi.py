@@ -80,5 +80,26 @@ def test_function_without_prefix_is_an_error(tmp_path: Path) -> None:
 
 def test_missing_key_names_the_place(tmp_path: Path) -> None:
     fn = '[[function]]\nname = "coli_a"\nargs = []\ndoc = "a"\n'
-    with pytest.raises(ConfigError, match=r"function\[0\]: missing key 'returns'"):
+    with pytest.raises(ConfigError, match=r"abi.toml: function.0.returns: Field required"):
         load_abi(_write(tmp_path, fn))
+
+
+def test_an_unknown_key_is_named_with_the_allowed_ones(tmp_path: Path) -> None:
+    fn = '[[function]]\nname = "coli_a"\nreturns = "int"\nargs = []\ndoc = "a"\noptinal = true\n'
+    with pytest.raises(ConfigError) as info:
+        load_abi(_write(tmp_path, fn))
+    (line,) = info.value.problems
+    assert line.endswith(
+        "abi.toml: unknown key 'function.0.optinal'; did you mean 'function.0.optional'? "
+        "(allowed here: name, returns, args, doc, optional, since_minor)"
+    )
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    body = '[[function]]\nname = "coli_a"\nargs = []\ndoc = "a"\n[[status]]\nname = "X"\nvalue = "one"\ndoc = ""\n'
+    with pytest.raises(ConfigError) as info:
+        load_abi(_write(tmp_path, body))
+    assert [p.split(": ", 1)[1] for p in info.value.problems] == [
+        "status.0.value: Input should be a valid integer, unable to parse string as an integer (got 'one')",
+        "function.0.returns: Field required",
+    ]

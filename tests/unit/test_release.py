@@ -8,13 +8,12 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import need_tool
 from tests.unit.fakes import cuda_toolkit, hip_sdk, script
-from toolchain.arches import SdkRange, _table, arch_table
+from toolchain.arches import SdkRange, _ArchesFile, _table, arch_table
 from toolchain.config import load_config
 from toolchain.config.release import release_entries
 from toolchain.discover import discover
@@ -22,6 +21,7 @@ from toolchain.errors import ConfigError
 from toolchain.plan import make_release_plans
 from toolchain.probe import Prober
 from toolchain.publish import MANIFEST, SUMS, format_summary, merge_releases, publish_release
+from toolchain.toml_model import load_toml_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,17 +94,27 @@ def test_sdk_ranges_are_data_and_checked_when_loaded() -> None:
     assert table.sdk_problem("gfx1151", "hip", "6.4.1") is None
     assert table.sdk_problem("gfx942", "hip", "5.2.21153") == "gfx942 needs HIP SDK 5.7 or newer, not 5.2.21153"
     assert table.sdk_problem("sm_120", "cuda", "12.6") == "sm_120 needs CUDA 12.8 or newer, not 12.6"
-    assert SdkRange("6.0", "12.9").admits("12.9.1") and not SdkRange("6.0", "12.9").admits("13.0")
+    assert SdkRange(since="6.0", until="12.9").admits("12.9.1") and not SdkRange(since="6.0", until="12.9").admits(
+        "13.0"
+    )
     assert all(arch in table.sdk for arch in table.known if arch not in ("cpu", "native"))
-    raw: dict[str, Any] = {
-        "hip": {"families": {"a": ["gfx1"]}, "sdk": {"family": {}}},
-        "cuda": {"families": {}, "sdk": {}},
+    where = "toolchain/data/arches.toml"
+    head = '[hip.families]\na = ["gfx1"]\n[cuda.families]\n'
+    with pytest.raises(ConfigError, match=rf"^{where}: hip.sdk.family has no range for a$"):
+        load_toml_model(head, _ArchesFile, where)
+    spans = '[hip.sdk.family]\na = { since = "1.0" }\n[hip.sdk.arch]\ngfx2 = { since = "1.0" }\n'
+    with pytest.raises(ConfigError, match=rf"^{where}: hip.sdk.arch.gfx2 is in no hip family$"):
+        load_toml_model(head + spans, _ArchesFile, where)
+    with pytest.raises(ConfigError) as info:
+        load_toml_model(head + '[hip.sdk.family]\na = { since = "1.x", untill = "2" }\n', _ArchesFile, where)
+    assert info.value.problems == [
+        f"{where}: hip.sdk.family.a.since: String should match pattern '^[0-9]+(\\.[0-9]+)*$' (got '1.x')",
+        f"{where}: unknown key 'hip.sdk.family.a.untill'; did you mean 'hip.sdk.family.a.until'? "
+        "(allowed here: since, until)",
+    ]
+    assert _table(load_toml_model(head + '[hip.sdk.family]\na = { since = "1.0" }\n', _ArchesFile, where)).sdk == {
+        "gfx1": SdkRange(since="1.0")
     }
-    with pytest.raises(ValueError, match=r"hip\.sdk\.family has no range for a"):
-        _table(raw)
-    raw["hip"]["sdk"] = {"family": {"a": {"since": "1.0"}}, "arch": {"gfx2": {"since": "1.0"}}}
-    with pytest.raises(ValueError, match=r"hip\.sdk\.arch\.gfx2 is in no hip family"):
-        _table(raw)
 
 
 def _release_plans(tmp_path: Path, config: Path, variables: dict[str, str] | None = None) -> tuple[list, list]:  # type: ignore[type-arg]

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ..errors import ConfigError
+from ..toml_model import describe_error
 from .schema import Config, ReleaseSection
 
 __all__ = ["ENV_KEYS", "VAR_KEYS", "ResolvedConfig", "load_config"]
@@ -69,6 +70,11 @@ class ResolvedConfig:
                 return found
         return "default"
 
+    def folders(self, root: Path) -> tuple[Path, Path]:
+        """The build and dist folders, absolute, for a project at `root`."""
+        build = self.config.build
+        return (root / build.build_dir).absolute(), (root / build.dist_dir).absolute()
+
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -96,19 +102,6 @@ def _split_list(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
 
 
-def _fields_at(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
-    """Field names that would be valid at `path`, for 'did you mean'."""
-    cls: Any = model
-    for part in path:
-        fields = {f.alias or n: f for n, f in cls.model_fields.items()}
-        field = fields.get(part) if isinstance(part, str) else None
-        ann = getattr(field, "annotation", None) if field else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return []
-        cls = ann
-    return [f.alias or n for n, f in cls.model_fields.items()]
-
-
 def _where(origins: Mapping[str, str], dotted: str) -> str:
     """The origin of `dotted`, else of a key below it, else of its parent."""
     found = origins.get(dotted) or next((o for k, o in origins.items() if k.startswith(dotted + ".")), None)
@@ -120,20 +113,8 @@ def _where(origins: Mapping[str, str], dotted: str) -> str:
 
 
 def _describe(err: Mapping[str, Any], origins: Mapping[str, str]) -> str:
-    loc = tuple(err["loc"])
-    # drop pydantic's internal step names (e.g. function-after validators)
-    loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
-    dotted = ".".join(str(p) for p in loc)
-    where = _where(origins, dotted)
-    if err["type"] == "extra_forbidden":
-        allowed = _fields_at(Config, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"; did you mean '{'.'.join(str(p) for p in (*loc[:-1], close[0]))}'?" if close else ""
-        return f"{where}: unknown key '{dotted}'{hint} (allowed here: {', '.join(allowed)})"
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    got = err.get("input")
-    shown = f" (got {got!r})" if not isinstance(got, (dict, list, tuple)) and got is not None else ""
-    return f"{where}: {dotted}: {msg}{shown}"
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    return describe_error(err, Config, _where(origins, ".".join(str(p) for p in loc)))
 
 
 def _release_alone(data: Any) -> ReleaseSection | None:

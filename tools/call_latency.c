@@ -3,7 +3,7 @@
  * gpu_matmul_bench.cu; this times the whole call, which is what a decode step
  * pays 161 times a token on the larger synthetic model (bench/RESULTS.md,
  * fifteenth pass). Linked against the backend library itself:
- *   gcc -std=c11 -O2 -Ibuild/gen bench/call_latency.c -L DIR -l:libcoli_cuda.so -o call_latency
+ *   gcc -std=c11 -O2 -Ibuild/gen tools/call_latency.c -L DIR -l:libcoli_cuda.so -o call_latency
  *   LD_LIBRARY_PATH=DIR ./call_latency [CALLS]
  * One JSON object a line: format, shape, median and 10th/90th percentile
  * microseconds of CALLS calls (the argument, default 400) after CALLS / 8 more
