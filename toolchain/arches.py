@@ -108,13 +108,6 @@ class ArchTable:
             *(a for f in self.cuda.values() for a in f),
         )
 
-    def family_of(self, arch: str) -> str | None:
-        for fams in (self.hip, self.cuda):
-            for name, members in fams.items():
-                if arch in members:
-                    return name
-        return None
-
     def members(self, family: str) -> tuple[str, ...] | None:
         return self.hip.get(family) or self.cuda.get(family)
 

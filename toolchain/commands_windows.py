@@ -4,7 +4,6 @@ golden-tested against recorded SDK trees and a recorded vcvarsall environment.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import PureWindowsPath
 
 from .command_data import GPU_SOURCES, ROCM_VARIABLES, cuda_gencode
@@ -80,7 +79,3 @@ def windows_cuda_argv(
         "-o", str(output),
     ]  # fmt: skip
 
-
-def env_changes(env: Mapping[str, str | None]) -> dict[str, str]:
-    """The variables a compile sets, for its fingerprint (None means removed)."""
-    return {k: v if v is not None else "<unset>" for k, v in sorted(env.items())}

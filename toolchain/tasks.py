@@ -540,7 +540,7 @@ def make_tasks(loaded: Loaded) -> dict[str, Callable[[], Any]]:
             fn = _union([getattr(g, f"task_{n}") for g in project.graphs], getattr(_Graph, f"task_{n}").__doc__)
         tasks[f"task_{n.replace('_', '-')}"] = _named(fn)
     tasks["task_ci-workflow"] = _named(project.task_ci_workflow)
-    tasks["task_clean_build"] = _named(project.task_clean_build)
+    tasks["task_clean-build"] = _named(project.task_clean_build)
     for g in project.graphs:
         for note in g.plan.notes:
             print(f"note: {note}", file=sys.stderr)
