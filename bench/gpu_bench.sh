@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
 mkdir -p "$out"
 source bench/gpu_build.sh || exit 1 # the backend for call_latency, and build/gen for the bench
-nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -Ibuild/gen -Ikernels -Itools bench/gpu_matmul_bench.cu \
-  -o /tmp/gpu_matmul_bench 2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
+# the bench itself, through the project's command builder (nvcc, includes, -gencode)
+python3 -m toolchain.program bench/gpu_matmul_bench.cu /tmp/gpu_matmul_bench "arch=$arch" -- -O3 -Xptxas -v -Itools \
+  2> "$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 # a wrong setting stops the bench with one line before it touches the GPU
 rc=0
 while IFS='|' read -r setting arg want; do

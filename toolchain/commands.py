@@ -30,6 +30,7 @@ __all__ = [
     "Command",
     "backend_command",
     "backend_inputs",
+    "cuda_program_command",
     "host_command",
     "sanitized_env",
 ]
@@ -247,6 +248,27 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         "-Wl,--build-id=none",
     ]
     return Command(tuple(argv), output, {**env, **cache_env}, unset, before=(compile_step,), mkdirs=(tmp,))
+
+
+def cuda_program_command(
+    plan: Plan, arches: tuple[str, ...], source: Path, output: Path, extra: tuple[str, ...] = ()
+) -> Command:
+    """A CUDA program built on the backend's sources (the GPU bench, which includes
+    backend_gpu.cu): the nvcc this plan found, the backend's standard, warnings,
+    includes and -gencode for `arches`, then `extra` (its optimisation, more -I)."""
+    argv = [
+        str(plan.cuda.nvcc),
+        "-std=c++17",
+        *_nvcc_pass("-Xcompiler", ["-Wall", "-Wextra"]),
+        *cuda_gencode(arches),
+        f"-I{plan.gen_dir}",
+        f"-I{plan.root / 'kernels'}",
+        *extra,
+        str(source),
+        "-o",
+        str(output),
+    ]
+    return Command(tuple(argv), output)
 
 
 def host_inputs(plan: Plan) -> list[Path]:

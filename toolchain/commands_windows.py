@@ -78,4 +78,3 @@ def windows_cuda_argv(
         str(root / PureWindowsPath(GPU_SOURCES[0])),
         "-o", str(output),
     ]  # fmt: skip
-

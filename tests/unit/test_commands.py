@@ -94,3 +94,16 @@ def test_offload_compress_where_the_compiler_has_it(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"arch": "gfx1030"}, config=config)
     (compile_step,) = backend_command(plan, plan.backends[0], plan.backend_lib(plan.backends[0])).before
     assert "--offload-compress" in compile_step
+
+
+def test_a_cuda_program_is_built_as_the_backend_is(tmp_path: Path) -> None:
+    """The GPU bench's compile (python -m toolchain.program): the plan's nvcc, the backend's
+    includes and -gencode, then the caller's flags."""
+    from toolchain.commands import cuda_program_command
+
+    plan = _plan(tmp_path, {"arch": "sm_90"})
+    cmd = cuda_program_command(plan, ("sm_90",), tmp_path / "bench.cu", tmp_path / "bench", ("-O3", "-Itools"))
+    assert cmd.argv[0] == str(plan.cuda.nvcc)
+    assert cmd.argv[-3:] == (str(tmp_path / "bench.cu"), "-o", str(tmp_path / "bench"))
+    assert "arch=compute_90,code=[sm_90,compute_90]" in cmd.argv
+    assert f"-I{plan.gen_dir}" in cmd.argv and cmd.argv.index("-O3") > cmd.argv.index(f"-I{plan.gen_dir}")
