@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "loader.h"
+#include "imports.h"
 #include "utf8.h"
 
 #include <stdio.h>
@@ -89,14 +90,12 @@ static void close_library(void *h) {
 #endif
 }
 
-static int is_hip(const char *spec, const char *path) {
-    const char *base = path + strlen(path);
-    while (base > path && base[-1] != '/' && base[-1] != '\\') base--;
-    const char *hip = coli_backend_file("hip");
+/* Whether two runtime file names are one: Windows compares them without case. */
+static int same_runtime_name(const char *a, const char *b) {
 #if defined(_WIN32)
-    return !strcmp(spec, "hip") || !_stricmp(base, hip);
+    return !_stricmp(a, b);
 #else
-    return !strcmp(spec, "hip") || !strcmp(base, hip);
+    return !strcmp(a, b);
 #endif
 }
 
@@ -121,23 +120,26 @@ static int resolve(const char *spec, char *path, size_t pathlen, char *err, size
     return 0;
 }
 
-static int open_resolved(const char *path, coli_backend *out, char *err, size_t errlen) {
+/* Maps the backend at `path` (a regular file) without resolving or calling anything in it. */
+static void *map_backend(const char *path, char *err, size_t errlen) {
     int kind = coli_path_kind(path);
     if (kind < 0) {
         snprintf(err, errlen, "backend %s does not exist", path);
-        return 1;
+        return NULL;
     }
     if (kind != 0) {
         snprintf(err, errlen, "backend %s is not a regular file", path);
-        return 1;
+        return NULL;
     }
-    void *h = open_library(path, err, errlen);
-    if (!h) return 1;
+    return open_library(path, err, errlen);
+}
+
+/* The mapped backend's functions, its ABI checked: the first of its code to run. */
+static int resolve_backend(void *h, const char *path, coli_backend *out, char *err, size_t errlen) {
     for (size_t i = 0; i < COLI_SYMBOL_COUNT; i++) {
         void *sym = find_symbol(h, COLI_SYMBOLS[i].name);
         if (!sym && COLI_SYMBOLS[i].mandatory) {
             snprintf(err, errlen, "backend %s lacks the mandatory symbol %s", path, COLI_SYMBOLS[i].name);
-            close_library(h);
             return 1;
         }
         /* Object and function pointers share a representation on every platform we load on. */
@@ -147,7 +149,6 @@ static int open_resolved(const char *path, coli_backend *out, char *err, size_t 
     if (!abi_compatible(v, COLI_ABI_MAJOR, needed_minor())) {
         snprintf(err, errlen, "backend %s has ABI %u.%u, this host needs %u.%u or a later minor", path,
                  (unsigned)(v >> 16), (unsigned)(v & 0xFFFF), (unsigned)COLI_ABI_MAJOR, (unsigned)needed_minor());
-        close_library(h);
         return 1;
     }
     for (size_t i = 0; i < COLI_SYMBOL_COUNT; i++) /* what a backend of an older minor exports by chance is not its ABI */
@@ -159,23 +160,15 @@ static int open_resolved(const char *path, coli_backend *out, char *err, size_t 
     return 0;
 }
 
-int coli_backend_open(const char *spec, coli_backend *out, char *err, size_t errlen) {
-    char path[4096], why[1500];
-    memset(out, 0, sizeof *out);
-    if (!spec || !*spec) {
-        snprintf(err, errlen, "[backend] no backend given");
+/* HIP mode: the backend at `path` imports the HIP runtime `runtime`. */
+static int open_hip(const char *path, const char *runtime, coli_backend *out, char *err, size_t errlen) {
+    char why[1500];
+    if (!same_runtime_name(runtime, COLI_HIP_RUNTIME_NAME)) {
+        snprintf(err, errlen,
+                 "[HIP] backend %s imports %s, but this host binds %s (built against another HIP SDK); "
+                 "use the host and backend of one package",
+                 path, runtime, COLI_HIP_RUNTIME_NAME);
         return 1;
-    }
-    if (resolve(spec, path, sizeof path, why, sizeof why)) {
-        snprintf(err, errlen, "[backend] %s", why);
-        return 1;
-    }
-    if (!is_hip(spec, path)) { /* CUDA and reference backends: COLI_HIP_RUNTIME_DIR plays no part */
-        if (open_resolved(path, out, why, sizeof why)) {
-            snprintf(err, errlen, "[backend] %s", why);
-            return 1;
-        }
-        return 0;
     }
     coli_hip_binding *hip = calloc(1, sizeof *hip);
     if (!hip) {
@@ -186,21 +179,56 @@ int coli_backend_open(const char *spec, coli_backend *out, char *err, size_t err
         free(hip);
         return 1;
     }
-    if (open_resolved(path, out, why, sizeof why)) {
+    void *h = map_backend(path, why, sizeof why);
+    if (!h) {
         snprintf(err, errlen, "[HIP] %s", why);
-        coli_hip_release(hip);
-        free(hip);
+    } else if (coli_hip_verify(hip, "after the backend mapped", err, errlen)) {
+        /* its own imports pulled in another runtime: refused before any of its code runs */
+    } else if (resolve_backend(h, path, out, why, sizeof why)) {
+        snprintf(err, errlen, "[HIP] %s", why);
+    } else {
+        out->hip = hip;
+        return 0;
+    }
+    if (h) close_library(h);
+    memset(out, 0, sizeof *out);
+    coli_hip_release(hip);
+    free(hip);
+    return 1;
+}
+
+/* The order is the seed's: read what the backend imports (its file, nothing mapped
+ * yet); in HIP mode bind the runtime; map the backend; check the mapped runtimes
+ * again; and only then resolve the backend's functions and call the first of them.
+ * After any refusal the backend is unmapped, none of its code has run, and the
+ * runtime reference this host took is given back. */
+int coli_backend_open(const char *spec, coli_backend *out, char *err, size_t errlen) {
+    char path[4096], why[1500], runtime[512];
+    memset(out, 0, sizeof *out);
+    if (!spec || !*spec) {
+        snprintf(err, errlen, "[backend] no backend given");
         return 1;
     }
-    /* the backend's own imports could have pulled in another runtime */
-    if (coli_hip_verify(hip, "after the backend loaded", err, errlen)) {
-        close_library(out->handle);
+    if (resolve(spec, path, sizeof path, why, sizeof why)) {
+        snprintf(err, errlen, "[backend] %s", why);
+        return 1;
+    }
+    if (coli_path_kind(path) == 0) {
+        /* HIP mode is what the backend imports, not its name or how it was given */
+        int hip_mode = coli_hip_import(path, runtime, sizeof runtime, why, sizeof why);
+        if (hip_mode < 0) {
+            snprintf(err, errlen, "[backend] cannot load %s: %s", path, why);
+            return 1;
+        }
+        if (hip_mode) return open_hip(path, runtime, out, err, errlen);
+    }
+    void *h = map_backend(path, why, sizeof why);
+    if (!h || resolve_backend(h, path, out, why, sizeof why)) {
+        if (h) close_library(h);
         memset(out, 0, sizeof *out);
-        coli_hip_release(hip);
-        free(hip);
+        snprintf(err, errlen, "[backend] %s", why);
         return 1;
     }
-    out->hip = hip;
     return 0;
 }
 

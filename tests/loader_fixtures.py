@@ -29,6 +29,11 @@ class Platform:
     exe: str  # suffix of executables
 
     @property
+    def other_backend(self) -> str:
+        """The CUDA backend's file name (a stand-in that imports no HIP runtime)."""
+        return self.backend.replace("hip", "cuda")
+
+    @property
     def windows(self) -> bool:
         return self.name == "windows"
 
@@ -46,12 +51,19 @@ WINDOWS = Platform(
     "windows", "gcc" if NATIVE_WINDOWS else "x86_64-w64-mingw32-gcc", "amdhip64_7.dll", "coli_hip.dll", ".exe"
 )
 OBJCOPY = "objcopy" if NATIVE_WINDOWS else "x86_64-w64-mingw32-objcopy"
+DLLTOOL = "dlltool" if NATIVE_WINDOWS else "x86_64-w64-mingw32-dlltool"
+NM = "nm" if NATIVE_WINDOWS else "x86_64-w64-mingw32-nm"
 PLATFORMS = ["windows"] if NATIVE_WINDOWS else ["linux", "windows"]
 
 
 def _render(name: str, **values: Any) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined)
     return env.get_template(name).render(**values)
+
+
+def compile_c(platform: Platform, *args: str | Path) -> None:
+    """The platform's C compiler as the fixtures use it (C11, warnings, no libgcc DLL)."""
+    _cc(platform, *args)
 
 
 def _cc(platform: Platform, *args: str | Path) -> None:
@@ -120,8 +132,9 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
         _cc(platform, "-shared", *soname, c, "-o", out)
         fx.runtimes[key] = out
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
-    backend_c = src / "backend.c"
-    backend_c.write_text(_render("backend.c.j2", needs_extra=True))
+    backend_c, cuda_c = src / "backend.c", src / "cuda_backend.c"
+    backend_c.write_text(_render("backend.c.j2", needs_extra=True, hip=True))
+    cuda_c.write_text(_render("backend.c.j2", needs_extra=False, hip=False))
     kernels = [ROOT / "kernels/backend_ref.c", ROOT / "kernels/cpu_ops.c"]
     link_rt = [fx.runtimes["A"]] if platform.windows else [f"-L{fx.runtimes['A'].parent}", f"-l:{platform.runtime}"]
     pic = [] if platform.windows else ["-fPIC"]
@@ -134,6 +147,7 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
             *inc,
             "-DCOLI_BUILDING_BACKEND=1",
             "-Dcoli_backend_name=coli_backend_name_ref",
+            "-Dcoli_abi_version=coli_abi_version_ref",
             "-c",
             k,
             "-o",
@@ -152,10 +166,14 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
         exports = src / "backend.map"
         exports.write_text("{\n  global:\n" + "".join(f"    {n};\n" for n in names) + "  local:\n    *;\n};\n")
         export_args = [f"-Wl,--version-script={exports}"]
+    dl = [] if platform.windows else ["-ldl"]
     _cc(platform, "-shared", *pic, *inc, *objs, backend_c, *export_args, "-o", fx.app / platform.backend, *link_rt,
-        "-lm")  # fmt: skip
+        "-lm", *dl)  # fmt: skip
+    # a backend that imports no HIP runtime (the CUDA backend's stand-in), beside it
+    _cc(platform, "-shared", *pic, *inc, *objs, cuda_c, *export_args, "-o", fx.app / platform.other_backend, "-lm",
+        *dl)  # fmt: skip
     harness = [ROOT / "tests/c/binding_harness.c", ROOT / "engine/loader.c", ROOT / "engine/hip_binding.c",
-               ROOT / "engine/json_out.c", ROOT / "engine/utf8.c"]  # fmt: skip
+               ROOT / "engine/imports.c", ROOT / "engine/json_out.c", ROOT / "engine/utf8.c"]  # fmt: skip
     static = ["-static", "-lshell32"] if platform.windows else ["-ldl"]
     _cc(platform, *inc, *harness, "-o", fx.harness, *static)
     shutil.rmtree(src)

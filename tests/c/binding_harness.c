@@ -8,6 +8,9 @@
  *   harness identity PATH [PATH2]               -> format and whether two paths are one file
  *   harness inventory                           -> distinct mapped runtimes (after --preload)
  *   harness [--preload PATH]... open SPEC       -> open a backend as the host does
+ *   harness imports PATH                        -> what the file imports, and whether HIP mode
+ *   harness [--preload PATH]... rawopen PATH    -> map a library with no contract at all (the OS's
+ *                                                  own binding: what the contract guards against)
  *
  * Output is one JSON object on stdout. */
 #if !defined(_WIN32)
@@ -19,6 +22,7 @@
 
 #include "utf8.h"
 #include "hip_binding.h"
+#include "imports.h"
 #include "json_out.h"
 #include "loader.h"
 
@@ -36,6 +40,40 @@ static path_style style_arg(int argc, char **argv, int i) {
 #endif
     if (i >= argc) return dflt;
     return strcmp(argv[i], "windows") == 0 ? PATH_STYLE_WINDOWS : PATH_STYLE_POSIX;
+}
+
+/* Whether the HIP backend a failed open named is still mapped: the loader unmaps
+ * it after every refusal. */
+static int backend_mapped(const char *spec) {
+    char dir[4096], path[8192];
+    const char *file = coli_backend_file(spec);
+    if (file) {
+        if (coli_exe_dir(dir, sizeof dir) || coli_path_join(dir, file,
+#if defined(_WIN32)
+                                                            PATH_STYLE_WINDOWS,
+#else
+                                                            PATH_STYLE_POSIX,
+#endif
+                                                            path, sizeof path))
+            return 0;
+    } else {
+        snprintf(path, sizeof path, "%s", spec);
+    }
+#if defined(_WIN32)
+    wchar_t wide[8192];
+    return MultiByteToWideChar(CP_UTF8, 0, path, -1, wide, 8192) && GetModuleHandleW(wide) != NULL;
+#else
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (h) dlclose(h);
+    return h != NULL;
+#endif
+}
+
+static int print_import(const char *name, void *ctx) {
+    int *n = ctx;
+    if ((*n)++) printf(", ");
+    json_string(stdout, name);
+    return 0;
 }
 
 static const char *FORMS[] = {"ok", "unset", "empty", "relative", "drive-relative", "root-relative"};
@@ -135,6 +173,7 @@ int main(int argc, char **argv) {
         if (rc) {
             printf("\"error\": ");
             json_string(stdout, err);
+            printf(", \"backend_mapped_after\": %s", backend_mapped(argv[i]) ? "true" : "false");
         } else {
             printf("\"backend\": ");
             json_string(stdout, b.name);
@@ -147,6 +186,36 @@ int main(int argc, char **argv) {
         }
         printf("}\n");
         return rc ? 1 : 0;
+    }
+    if (!strcmp(cmd, "imports") && i < argc) {
+        char err[600], runtime[512];
+        printf("{\"imports\": [");
+        int n = 0;
+        int rc = coli_imports_each(argv[i], print_import, &n, err, sizeof err);
+        int hip = rc ? -1 : coli_hip_import(argv[i], runtime, sizeof runtime, err, sizeof err);
+        printf("], \"read\": %s, \"hip\": ", rc ? "false" : "true");
+        json_string(stdout, hip > 0 ? runtime : NULL);
+        printf(", \"error\": ");
+        json_string(stdout, rc ? err : NULL);
+        printf("}\n");
+        return rc ? 1 : 0;
+    }
+    if (!strcmp(cmd, "rawopen") && i < argc) {
+        char (*bound)(void) = NULL;
+#if defined(_WIN32)
+        wchar_t wide[4096];
+        HMODULE h = MultiByteToWideChar(CP_UTF8, 0, argv[i], -1, wide, 4096)
+                        ? LoadLibraryExW(wide, NULL, LOAD_WITH_ALTERED_SEARCH_PATH)
+                        : NULL;
+        FARPROC f = h ? GetProcAddress(h, "coli_test_bound_runtime") : NULL;
+        memcpy(&bound, &f, sizeof bound);
+#else
+        void *h = dlopen(argv[i], RTLD_NOW | RTLD_LOCAL);
+        void *f = h ? dlsym(h, "coli_test_bound_runtime") : NULL;
+        memcpy(&bound, &f, sizeof bound);
+#endif
+        printf("{\"ok\": %s, \"bound\": \"%c\"}\n", bound ? "true" : "false", bound ? bound() : '-');
+        return bound ? 0 : 1;
     }
     fprintf(stderr, "harness: unknown command\n");
     return 2;

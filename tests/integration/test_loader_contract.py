@@ -62,14 +62,108 @@ def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
 
 
 def test_preloading_b_satisfies_a_backend_linked_against_a(fx: Fixtures) -> None:
-    """Without the contract (the backend opened by path, not as the HIP backend), an
-    already-loaded runtime B silently serves a backend linked against A."""
-    backend = fx.platform.host_path(fx.app / fx.platform.backend)
-    copy = fx.app / ("coli_other" + Path(fx.platform.backend).suffix)
-    copy.write_bytes((fx.app / fx.platform.backend).read_bytes())
-    r = fx.run("--preload", fx.platform.host_path(fx.runtimes["B"]), "open", fx.platform.host_path(copy))
-    assert r["ok"] is True and r["backend"] == "hip-stub-B", r
-    assert backend  # the real HIP backend name is what the contract guards
+    """Without the contract (the OS loader alone, rawopen), an already-loaded runtime B
+    silently serves a backend linked against A."""
+    r = fx.run(
+        "--preload",
+        fx.platform.host_path(fx.runtimes["B"]),
+        "rawopen",
+        fx.platform.host_path(fx.app / fx.platform.backend),
+    )
+    assert r["ok"] is True and r["bound"] == "B", r
+
+
+def test_hip_mode_is_what_the_backend_imports(fx: Fixtures) -> None:
+    """A HIP backend renamed, or given by absolute path, still goes through the binding:
+    HIP mode comes from its import table, not its name or how it was named."""
+    renamed = fx.app / ("coli_other" + Path(fx.platform.backend).suffix)
+    renamed.write_bytes((fx.app / fx.platform.backend).read_bytes())
+    for backend in (renamed, fx.app / fx.platform.backend):
+        given = fx.platform.host_path(backend)
+        r = fx.run("open", given, env={"COLI_HIP_RUNTIME_DIR": None})
+        assert r["rc"] == 1 and "COLI_HIP_RUNTIME_DIR is not set" in str(r["error"]), r
+        r = fx.run("--preload", fx.platform.host_path(fx.runtimes["B"]), "open", given,
+                   env={"COLI_HIP_RUNTIME_DIR": fx.dir_of("A")})  # fmt: skip
+        assert r["rc"] == 1 and "a different" in str(r["error"]), r
+        r = fx.run("open", given, env={"COLI_HIP_RUNTIME_DIR": fx.dir_of("A")})
+        assert r["ok"] is True and r["backend"] == "hip-stub-A", r
+
+
+def test_the_import_table_decides_hip_mode(fx: Fixtures) -> None:
+    """The loader reads what a file imports before it maps it: the HIP backend imports the
+    runtime, the CUDA stand-in does not, and a file that is no image is refused unread."""
+    p = fx.platform
+    hip = fx.run("imports", p.host_path(fx.app / p.backend))
+    assert hip["read"] is True and hip["hip"] == p.runtime and p.runtime in hip["imports"], hip
+    other = fx.run("imports", p.host_path(fx.app / p.other_backend))
+    assert other["read"] is True and other["hip"] is None and other["imports"], other
+    junk = fx.root / ("junk" + Path(p.backend).suffix)
+    junk.write_bytes(b"MZ" + bytes(200))
+    r = fx.run("imports", p.host_path(junk))
+    assert r["read"] is False and "not a PE image" in str(r["error"]), r
+    r = fx.run("open", p.host_path(junk), env={"COLI_HIP_RUNTIME_DIR": None})
+    assert r["rc"] == 1 and str(r["error"]).startswith("[backend] cannot load ") and "not a PE image" in str(r["error"])
+
+
+def test_a_delay_loaded_runtime_is_hip_mode_too(fx: Fixtures) -> None:
+    """A DLL that delay-loads the runtime (no entry in its normal import table) still goes
+    through the binding: the delay-import descriptors are read too."""
+    import subprocess
+
+    from tests.loader_fixtures import DLLTOOL, NM, compile_c
+
+    p = fx.platform
+    if not p.windows:  # ELF has no delay-load: DT_NEEDED is the whole table (the test above)
+        return
+    need_tool(DLLTOOL, NM)
+    work = fx.root / "delay"
+    work.mkdir(exist_ok=True)
+    (work / "rt.def").write_text(f"LIBRARY {p.runtime}\nEXPORTS\n    coli_stub_runtime_marker\n")
+    lib = work / "libdelay.a"
+    make_lib = [DLLTOOL, "--input-def", str(work / "rt.def"), "--dllname", p.runtime, "--output-delaylib", str(lib)]
+    subprocess.run(make_lib, check=True)
+    (work / "late.c").write_text(
+        "__declspec(dllimport) char coli_stub_runtime_marker(void);\n"
+        "__declspec(dllexport) char coli_late_marker(void) { return coli_stub_runtime_marker(); }\n"
+    )
+    dll = fx.app / "coli_late.dll"
+    compile_c(p, "-shared", work / "late.c", "-o", dll, lib)
+    # binutils' ld leaves the delay-import directory empty (the descriptor is there, the
+    # helper finds it by symbol); point it at the descriptor, as MSVC's link writes it
+    import pefile
+
+    symbols = subprocess.run([NM, str(dll)], capture_output=True, text=True, check=True).stdout
+    va = next(int(line.split()[0], 16) for line in symbols.splitlines() if "__DELAY_IMPORT_DESCRIPTOR_" in line)
+    pe = pefile.PE(str(dll))
+    entry = pe.OPTIONAL_HEADER.DATA_DIRECTORY[13]  # IMAGE_DIRECTORY_ENTRY_DELAY_IMPORT
+    entry.VirtualAddress, entry.Size = va - pe.OPTIONAL_HEADER.ImageBase, 32  # one descriptor
+    data = pe.write()
+    pe.close()
+    dll.write_bytes(bytes(data))
+    r = fx.run("imports", p.host_path(dll))
+    assert r["read"] is True and r["hip"] == p.runtime, r
+    r = fx.run("open", p.host_path(dll), env={"COLI_HIP_RUNTIME_DIR": None})
+    assert r["rc"] == 1 and "COLI_HIP_RUNTIME_DIR is not set" in str(r["error"]), r
+
+
+def test_nothing_of_the_backend_runs_before_the_second_check(fx: Fixtures) -> None:
+    """The backend maps, its own loading pulls in runtime B beside the configured A, and
+    the check after the map refuses it: none of its functions ran (its trace stays
+    empty) and it is unmapped. The same backend without the second runtime is called
+    only once the checks have passed."""
+    trace = fx.root / "trace.txt"
+    env: dict[str, str | None] = {
+        "COLI_HIP_RUNTIME_DIR": fx.dir_of("A"),
+        "COLI_TEST_TRACE": fx.platform.host_path(trace),
+    }
+    r = fx.run("open", "hip", env={**env, "COLI_TEST_MAP_LOADS": fx.platform.host_path(fx.runtimes["B"])})
+    assert r["rc"] == 1 and "after the backend mapped: 2 files named" in str(r["error"]), r
+    assert r["backend_mapped_after"] is False, r
+    assert not trace.exists(), trace.read_text()
+    r = fx.run("open", "hip", env=env)
+    assert r["ok"] is True and r["backend"] == "hip-stub-A", r
+    assert trace.read_text().split() == ["abi_version", "backend_name"]
+    trace.unlink()
 
 
 def test_preloading_a_binds_a(fx: Fixtures) -> None:
@@ -230,23 +324,31 @@ def test_the_hip_backend_comes_from_the_executables_folder_only(fx: Fixtures) ->
 
 
 def test_backend_selection_messages(fx: Fixtures) -> None:
-    """A CUDA host and a HIP host name different files and speak with different labels."""
+    """A CUDA backend and a HIP backend are opened under different labels."""
     cuda = fx.run("open", "cuda", env={"COLI_HIP_RUNTIME_DIR": None})
-    cuda_file = "coli_cuda.dll" if fx.platform.windows else "libcoli_cuda.so"
-    assert str(cuda["error"]).startswith("[backend] backend ") and cuda_file in str(cuda["error"]), cuda
-    assert "does not exist" in str(cuda["error"])
+    assert cuda["ok"] is True and cuda["backend"] == "cuda-stub" and cuda["runtime"] is None, cuda
+    missing = fx.run("open", fx.platform.host_path(fx.app / ("absent" + Path(fx.platform.backend).suffix)))
+    assert str(missing["error"]).startswith("[backend] backend ") and "does not exist" in str(missing["error"])
     hip = fx.run("open", "hip", env={"COLI_HIP_RUNTIME_DIR": None})
     assert str(hip["error"]).startswith("[HIP] COLI_HIP_RUNTIME_DIR is not set"), hip
     bogus = fx.run("open", "rocm", env={"COLI_HIP_RUNTIME_DIR": None})
     assert "backend must be ref, cuda, hip or an absolute path, got 'rocm'" in str(bogus["error"])
 
 
-def test_other_modes_ignore_coli_hip_runtime_dir(fx: Fixtures) -> None:
-    copy = fx.app / ("coli_other" + Path(fx.platform.backend).suffix)
-    copy.write_bytes((fx.app / fx.platform.backend).read_bytes())
-    r = fx.run("--preload", fx.platform.host_path(fx.runtimes["A"]), "open", fx.platform.host_path(copy),
-               env={"COLI_HIP_RUNTIME_DIR": "relative garbage"})  # fmt: skip
-    assert r["ok"] is True and r["runtime"] is None, r
+@pytest.mark.parametrize("how", ["cuda", "path"])
+def test_other_modes_ignore_coli_hip_runtime_dir(fx: Fixtures, how: str) -> None:
+    """A backend that imports no HIP runtime behaves exactly as with the variable unset,
+    however the variable is poisoned: the same output, the same exit."""
+    spec = "cuda" if how == "cuda" else fx.platform.host_path(fx.app / fx.platform.other_backend)
+    unset = fx.run("open", spec, env={"COLI_HIP_RUNTIME_DIR": None})
+    assert unset["ok"] is True and unset["runtime"] is None, unset
+    for poison in ("relative garbage", "", fx.dir_of("B"), fx.platform.host_path(fx.runtimes["A"])):
+        r = fx.run(
+            "--preload", fx.platform.host_path(fx.runtimes["B"]), "open", spec, env={"COLI_HIP_RUNTIME_DIR": poison}
+        )
+        assert {k: r[k] for k in ("ok", "rc", "backend", "runtime", "stderr")} == {
+            k: unset[k] for k in ("ok", "rc", "backend", "runtime", "stderr")
+        }, (poison, r)
 
 
 # ---- the pure helpers ------------------------------------------------------------
