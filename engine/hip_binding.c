@@ -169,7 +169,7 @@ static wchar_t *module_path(HMODULE m) {
     }
 }
 
-int coli_runtime_inventory(const char *name, file_id_format format, coli_file_id *ids, int max) {
+int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_runtime *out, int max) {
     wchar_t *wname = widen(name);
     HANDLE snap = INVALID_HANDLE_VALUE;
     if (!wname) return -1;
@@ -185,26 +185,35 @@ int coli_runtime_inventory(const char *name, file_id_format format, coli_file_id
     MODULEENTRY32W me;
     me.dwSize = sizeof me;
     int count = 0, failed = 0;
-    coli_file_id seen[64];
     if (!Module32FirstW(snap, &me)) failed = GetLastError() != ERROR_NO_MORE_FILES;
     else
         do {
             if (_wcsicmp(me.szModule, wname) != 0) continue;
-            coli_file_id id;
-            wchar_t *path = module_path(me.hModule);
-            if (!path || id_from_wide_path(path, format, &id)) memset(&id, 0, sizeof id);
-            free(path);
-            int dup = 0;
-            for (int i = 0; i < count && i < 64; i++) dup |= coli_file_id_compare(&seen[i], &id) == ID_SAME;
-            if (dup) continue;
-            if (count < 64) seen[count] = id;
-            if (count < max) ids[count] = id;
+            if (count < max) {
+                coli_mapped_runtime *m = &out[count];
+                wchar_t *path = module_path(me.hModule);
+                char *text = path ? narrow(path) : NULL;
+                if (!path || id_from_wide_path(path, format, &m->id)) memset(&m->id, 0, sizeof m->id);
+                snprintf(m->path, sizeof m->path, "%s", text ? text : "(its path cannot be read)");
+                free(text);
+                free(path);
+            }
             count++;
         } while (Module32NextW(snap, &me));
     if (!failed && GetLastError() != ERROR_NO_MORE_FILES) failed = 1;
     CloseHandle(snap);
     free(wname);
     return failed ? -1 : count;
+}
+
+/* One more counted reference to the module mapped from `path` (never a second
+ * mapping: GetModuleHandleEx finds the module by that exact path). */
+static void *reference_mapped(const char *path) {
+    wchar_t *w = widen(path);
+    HMODULE h = NULL;
+    if (w && !GetModuleHandleExW(0, w, &h)) h = NULL;
+    free(w);
+    return (void *)h;
 }
 
 int coli_exe_dir(char *out, size_t outlen) {
@@ -284,9 +293,8 @@ typedef struct inventory_ctx {
     const char *family; /* "libamdhip64.so" for "libamdhip64.so.5" */
     size_t family_len;
     file_id_format format;
-    coli_file_id *ids;
+    coli_mapped_runtime *out;
     int max, count;
-    coli_file_id seen[64];
 } inventory_ctx;
 
 static int on_object(struct dl_phdr_info *info, size_t size, void *data) {
@@ -298,28 +306,31 @@ static int on_object(struct dl_phdr_info *info, size_t size, void *data) {
     base = base ? base + 1 : path;
     /* the soname family: libamdhip64.so, libamdhip64.so.5, libamdhip64.so.5.2.x */
     if (strncmp(base, c->family, c->family_len) != 0 || (base[c->family_len] && base[c->family_len] != '.')) return 0;
-    coli_file_id id;
-    if (coli_file_identity(path, c->format, &id)) memset(&id, 0, sizeof id);
-    for (int i = 0; i < c->count && i < 64; i++)
-        if (coli_file_id_compare(&c->seen[i], &id) == ID_SAME) return 0; /* one file, several names */
-    if (c->count < 64) c->seen[c->count] = id;
-    if (c->count < c->max) c->ids[c->count] = id;
+    if (c->count < c->max) {
+        coli_mapped_runtime *m = &c->out[c->count];
+        if (coli_file_identity(path, c->format, &m->id)) memset(&m->id, 0, sizeof m->id);
+        snprintf(m->path, sizeof m->path, "%s", path);
+    }
     c->count++;
     return 0;
 }
 
-int coli_runtime_inventory(const char *name, file_id_format format, coli_file_id *ids, int max) {
+int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_runtime *out, int max) {
     inventory_ctx c;
     memset(&c, 0, sizeof c);
     const char *so = strstr(name, ".so");
     c.family = name;
     c.family_len = so ? (size_t)(so - name) + 3 : strlen(name);
     c.format = format;
-    c.ids = ids;
+    c.out = out;
     c.max = max;
     dl_iterate_phdr(on_object, &c);
     return c.count;
 }
+
+/* One more counted reference to the object mapped from `path` (RTLD_NOLOAD: never a
+ * second mapping). */
+static void *reference_mapped(const char *path) { return dlopen(path, RTLD_NOW | RTLD_NOLOAD); }
 
 int coli_exe_dir(char *out, size_t outlen) {
     char buf[4096];
@@ -364,29 +375,54 @@ static int stat_dir(const char *path, int *is_dir) {
 
 /* ---- the contract --------------------------------------------------------- */
 
-static int inventory_decide(const coli_hip_binding *b, bind_decision *d, int *mapped, coli_file_id *first) {
-    coli_file_id ids[4];
-    *mapped = coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, b->identity.format, ids, 4);
-    id_compare cmp = *mapped == 1 ? coli_file_id_compare(&ids[0], &b->identity) : ID_UNKNOWN;
-    if (*mapped >= 1) *first = ids[0];
-    *d = coli_bind_decide(*mapped >= 0, *mapped, cmp);
-    return 0;
+#define INVENTORY_MAX 8
+
+typedef struct inventory {
+    int mapped; /* modules of the runtime's name, or -1: the list could not be read */
+    coli_mapped_runtime found[INVENTORY_MAX];
+    bind_decision decision;
+} inventory;
+
+static void take_inventory(const coli_hip_binding *b, inventory *inv) {
+    inv->mapped = coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, b->identity.format, inv->found, INVENTORY_MAX);
+    id_compare cmp = inv->mapped == 1 ? coli_file_id_compare(&inv->found[0].id, &b->identity) : ID_UNKNOWN;
+    inv->decision = coli_bind_decide(inv->mapped >= 0, inv->mapped, cmp);
 }
 
-static int reject(char *err, size_t errlen, const coli_hip_binding *b, bind_decision d, int mapped,
-                  const char *stage) {
-    switch (d) {
+/* "P1; P2 (one file under two names)": the mapped modules' paths, and whether any two
+ * are one physical file. */
+static void mapped_paths(const inventory *inv, char *out, size_t outlen) {
+    size_t at = 0;
+    int same = 0;
+    const int shown = inv->mapped < INVENTORY_MAX ? inv->mapped : INVENTORY_MAX;
+    out[0] = 0;
+    for (int i = 0; i < shown; i++) {
+        for (int j = 0; j < i; j++) same |= coli_file_id_compare(&inv->found[i].id, &inv->found[j].id) == ID_SAME;
+        int n = snprintf(out + at, outlen - at, "%s%s", i ? "; " : "", inv->found[i].path);
+        if (n < 0 || (size_t)n >= outlen - at) return;
+        at += (size_t)n;
+    }
+    if (same) snprintf(out + at, outlen - at, " (one file under %s names)", shown == 2 ? "two" : "several");
+}
+
+static int reject(char *err, size_t errlen, const coli_hip_binding *b, const inventory *inv, const char *stage) {
+    char paths[2048];
+    mapped_paths(inv, paths, sizeof paths);
+    const char *decision = coli_bind_decision_name(inv->decision);
+    switch (inv->decision) {
     case BIND_REJECT_DIFFERENT:
-        snprintf(err, errlen, "[HIP] %s: a different %s is already loaded, not the configured %s", stage,
-                 COLI_HIP_RUNTIME_NAME, b->runtime_path);
+        snprintf(err, errlen, "[HIP] %s: a different %s is already loaded (%s), not the configured %s [%s]", stage,
+                 COLI_HIP_RUNTIME_NAME, paths, b->runtime_path, decision);
         break;
     case BIND_REJECT_MULTIPLE:
-        snprintf(err, errlen, "[HIP] %s: %d files named %s are loaded, the configured one is %s", stage, mapped,
-                 COLI_HIP_RUNTIME_NAME, b->runtime_path);
+        snprintf(err, errlen, "[HIP] %s: %d files named %s are loaded (%s), the configured one is %s [%s]", stage,
+                 inv->mapped, COLI_HIP_RUNTIME_NAME, paths, b->runtime_path, decision);
         break;
     default:
-        snprintf(err, errlen, "[HIP] %s: cannot establish which %s is loaded (%s)", stage,
-                 COLI_HIP_RUNTIME_NAME, mapped < 0 ? "the module list could not be read" : "a file identity is unknown");
+        snprintf(err, errlen, "[HIP] %s: cannot establish which %s is loaded (%s), the configured one is %s [%s]",
+                 stage, COLI_HIP_RUNTIME_NAME,
+                 inv->mapped < 0 ? "the module list could not be read" : "a file identity is unknown", b->runtime_path,
+                 decision);
     }
     return 1;
 }
@@ -451,24 +487,26 @@ int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
         snprintf(err, errlen, "[HIP] cannot read the file identity of %s", b->runtime_path);
         return 1;
     }
-    bind_decision d;
-    int mapped;
-    coli_file_id first;
-    inventory_decide(b, &d, &mapped, &first);
-    if (d == BIND_REUSE) {
+    inventory inv;
+    take_inventory(b, &inv);
+    if (inv.decision == BIND_REUSE) {
+        /* the configured file is the one mapped: this host takes its own reference to it */
         b->reused = 1;
-        return 0;
-    }
-    if (d != BIND_LOAD) return reject(err, errlen, b, d, mapped, "before loading");
-    b->runtime = open_runtime(b->runtime_path);
-    if (!b->runtime) {
+        b->runtime = reference_mapped(inv.found[0].path);
+        if (!b->runtime) {
+            snprintf(err, errlen, "[HIP] cannot take a reference to the mapped runtime %s", inv.found[0].path);
+            return 1;
+        }
+    } else if (inv.decision != BIND_LOAD) {
+        return reject(err, errlen, b, &inv, "before loading");
+    } else if (!(b->runtime = open_runtime(b->runtime_path))) {
         char why[600];
         coli_loader_error(b->runtime_path, why, sizeof why);
         snprintf(err, errlen, "[HIP] cannot load the runtime %s: %s", b->runtime_path, why);
         return 1;
     }
     /* the path was checked before it was loaded: prove what actually mapped */
-    if (coli_hip_verify(b, "after the runtime loaded", err, errlen)) {
+    if (coli_hip_verify(b, b->reused ? "after the runtime was referenced" : "after the runtime loaded", err, errlen)) {
         coli_hip_release(b);
         return 1;
     }
@@ -476,16 +514,14 @@ int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
 }
 
 int coli_hip_verify(const coli_hip_binding *b, const char *stage, char *err, size_t errlen) {
-    bind_decision d;
-    int mapped;
-    coli_file_id first;
-    inventory_decide(b, &d, &mapped, &first);
-    if (d == BIND_REUSE) return 0; /* exactly one mapped, and it is the configured file */
-    if (d == BIND_LOAD) {
+    inventory inv;
+    take_inventory(b, &inv);
+    if (inv.decision == BIND_REUSE) return 0; /* exactly one mapped, and it is the configured file */
+    if (inv.decision == BIND_LOAD) {
         snprintf(err, errlen, "[HIP] %s: %s is not mapped at all", stage, b->runtime_path);
         return 1;
     }
-    return reject(err, errlen, b, d, mapped, stage);
+    return reject(err, errlen, b, &inv, stage);
 }
 
 void coli_hip_release(coli_hip_binding *b) {

@@ -72,14 +72,15 @@ const char *coli_bind_decision_name(bind_decision d);
 /* ---- the contract --------------------------------------------------------- */
 
 typedef struct coli_hip_binding {
-    void *runtime;           /* the handle this host acquired, or NULL when reused */
+    void *runtime;           /* this host's own counted reference to the runtime, loaded or reused */
     char runtime_path[4096]; /* the configured file */
     coli_file_id identity;
     int reused;
 } coli_hip_binding;
 
 /* Validates COLI_HIP_RUNTIME_DIR, inventories the mapped runtimes, decides, and
- * loads or reuses the configured runtime; verifies it after it maps. 0 on
+ * loads or reuses the configured runtime, taking one counted reference to it either
+ * way; verifies it after it maps. 0 on
  * success; otherwise `err` holds one line starting "[HIP] " (the caller adds
  * that the GPU tier is off) and nothing stays acquired. */
 int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen);
@@ -95,11 +96,19 @@ void coli_hip_release(coli_hip_binding *b);
  * format to produce (FILE_ID_NONE: the best available). */
 int coli_file_identity(const char *path, file_id_format want, coli_file_id *out);
 
-/* Distinct files mapped in this process whose name is `name` (Windows: case-
- * insensitive module name; POSIX: the soname family, libfoo.so*). Returns the
- * count, or -1 when the enumeration failed. ids (up to max) get their identities
- * in `format`; an identity that cannot be read is FILE_ID_NONE. */
-int coli_runtime_inventory(const char *name, file_id_format format, coli_file_id *ids, int max);
+/* One module the inventory found: its file's identity (FILE_ID_NONE when it cannot
+ * be read) and the path it was mapped from (UTF-8, for messages). */
+typedef struct coli_mapped_runtime {
+    coli_file_id id;
+    char path[1024];
+} coli_mapped_runtime;
+
+/* The modules mapped in this process whose name is `name` (Windows: case-
+ * insensitive module name; POSIX: the soname family, libfoo.so*), each counted:
+ * two modules of one physical file (a hard link mapped under both names) are two,
+ * as the seed counts them. Returns the count, or -1 when the enumeration failed;
+ * the first `max` go into `out`, identities in `format`. */
+int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_runtime *out, int max);
 
 /* The directory of the running executable, without a trailing separator. */
 int coli_exe_dir(char *out, size_t outlen);

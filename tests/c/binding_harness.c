@@ -7,7 +7,10 @@
  *   harness decide OK MAPPED same|different|unknown
  *   harness identity PATH [PATH2]               -> format and whether two paths are one file
  *   harness inventory                           -> distinct mapped runtimes (after --preload)
- *   harness [--preload PATH]... open SPEC       -> open a backend as the host does
+ *   harness [--release-preloads] [--preload PATH]... open SPEC
+ *                                               -> open a backend as the host does; the runtimes
+ *                                                  mapped before, after, (without the preloads'
+ *                                                  references) while open, and after close
  *   harness imports PATH                        -> what the file imports, and whether HIP mode
  *   harness [--preload PATH]... rawopen PATH    -> map a library with no contract at all (the OS's
  *                                                  own binding: what the contract guards against)
@@ -79,22 +82,42 @@ static int print_import(const char *name, void *ctx) {
 static const char *FORMS[] = {"ok", "unset", "empty", "relative", "drive-relative", "root-relative"};
 static const char *FORMATS[] = {"none", "legacy", "extended", "posix"};
 
+static void *preloads[16];
+static int npreloads, release_preloads;
+
 static int preload(const char *path) {
 #if defined(_WIN32)
     int n = MultiByteToWideChar(CP_UTF8, 0, path, -1, NULL, 0);
     wchar_t *w = malloc((size_t)n * sizeof *w);
     MultiByteToWideChar(CP_UTF8, 0, path, -1, w, n);
-    HMODULE h = LoadLibraryExW(w, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
+    void *h = (void *)LoadLibraryExW(w, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
     free(w);
-    return h != NULL;
 #else
-    return dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL;
+    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
 #endif
+    if (h && npreloads < 16) preloads[npreloads++] = h;
+    return h != NULL;
+}
+
+static void drop_preloads(void) {
+    for (int k = 0; k < npreloads; k++)
+#if defined(_WIN32)
+        FreeLibrary((HMODULE)preloads[k]);
+#else
+        dlclose(preloads[k]);
+#endif
+    npreloads = 0;
+}
+
+static int mapped_now(void) {
+    coli_mapped_runtime found[8];
+    return coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, found, 8);
 }
 
 int main(int argc, char **argv) {
     argv = coli_args_utf8(&argc, argv);
     int i = 1;
+    if (i < argc && strcmp(argv[i], "--release-preloads") == 0) release_preloads = 1, i++;
     while (i + 1 < argc && strcmp(argv[i], "--preload") == 0) {
         if (!preload(argv[i + 1])) {
             char why[600];
@@ -161,30 +184,37 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "inventory")) {
-        coli_file_id ids[8];
-        printf("{\"mapped\": %d}\n", coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, ids, 8));
+        printf("{\"mapped\": %d}\n", mapped_now());
         return 0;
     }
     if (!strcmp(cmd, "open") && i < argc) {
         coli_backend b;
-        char err[2048];
+        char err[4096];
+        const int before = mapped_now();
         int rc = coli_backend_open(argv[i], &b, err, sizeof err);
         printf("{\"ok\": %s, ", rc ? "false" : "true");
         if (rc) {
             printf("\"error\": ");
             json_string(stdout, err);
             printf(", \"backend_mapped_after\": %s", backend_mapped(argv[i]) ? "true" : "false");
+            printf(", \"mapped_after\": %d", mapped_now());
         } else {
             printf("\"backend\": ");
             json_string(stdout, b.name);
             printf(", \"runtime\": ");
             json_string(stdout, b.hip ? b.hip->runtime_path : NULL);
             printf(", \"reused\": %s", b.hip && b.hip->reused ? "true" : "false");
-            coli_file_id ids[8];
-            printf(", \"mapped_after\": %d", coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, ids, 8));
+            printf(", \"mapped_after\": %d", mapped_now());
+            /* the binding's own reference: the preloads' references dropped, the runtime stays
+             * mapped while the backend is open, and goes once it is closed */
+            if (release_preloads) {
+                drop_preloads();
+                printf(", \"mapped_held\": %d", mapped_now());
+            }
             coli_backend_close(&b);
+            printf(", \"mapped_after_close\": %d", mapped_now());
         }
-        printf("}\n");
+        printf(", \"mapped_before\": %d}\n", before);
         return rc ? 1 : 0;
     }
     if (!strcmp(cmd, "imports") && i < argc) {

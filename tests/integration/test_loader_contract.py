@@ -158,7 +158,7 @@ def test_nothing_of_the_backend_runs_before_the_second_check(fx: Fixtures) -> No
     }
     r = fx.run("open", "hip", env={**env, "COLI_TEST_MAP_LOADS": fx.platform.host_path(fx.runtimes["B"])})
     assert r["rc"] == 1 and "after the backend mapped: 2 files named" in str(r["error"]), r
-    assert r["backend_mapped_after"] is False, r
+    assert r["backend_mapped_after"] is False and r["mapped_after"] == 1, r  # only B, which the backend loaded
     assert not trace.exists(), trace.read_text()
     r = fx.run("open", "hip", env=env)
     assert r["ok"] is True and r["backend"] == "hip-stub-A", r
@@ -247,12 +247,7 @@ def test_two_runtimes_preloaded_are_refused(fx: Fixtures) -> None:
 def test_a_hard_link_to_the_configured_file_is_the_same_file(fx: Fixtures) -> None:
     """Wine keeps the host's inode numbers as file ids, so a hard link reads as the
     same file there as on Windows (NTFS file ids) and Linux (st_ino)."""
-    linked = fx.root / "rt link"
-    linked.mkdir(exist_ok=True)
-    target = linked / fx.platform.runtime
-    if not target.exists():
-        os.link(fx.runtimes["A"], target)
-    r = open_hip(fx, fx.platform.host_path(linked), "A")
+    r = open_hip(fx, fx.platform.host_path(_hard_link(fx).parent), "A")
     assert r["ok"] is True and r["reused"] is True and r["backend"] == "hip-stub-A", r
 
 
@@ -391,18 +386,41 @@ def test_identity(fx: Fixtures) -> None:
     assert fx.run("identity", a)["format"] in (expected, "legacy")
 
 
-def test_inventory_counts_distinct_files(fx: Fixtures) -> None:
+def test_inventory_counts_modules(fx: Fixtures) -> None:
+    """The seed's count: every mapped module of the runtime's name, not folded by file. A
+    repeated load of one path is one module, and so is a hard link loaded under its
+    second name: the loaders (Linux's, and Wine's like Windows') map one file once
+    whatever name they are asked by. Two modules of one file would count as two (the
+    decision table's 2-mapped-same row: reject-multiple)."""
     a, b = fx.platform.host_path(fx.runtimes["A"]), fx.platform.host_path(fx.runtimes["B"])
     assert fx.run("inventory")["mapped"] == 0
     assert fx.run("--preload", a, "inventory")["mapped"] == 1
-    assert fx.run("--preload", a, "--preload", a, "inventory")["mapped"] == 1  # repeated loads count once
+    assert fx.run("--preload", a, "--preload", a, "inventory")["mapped"] == 1
     assert fx.run("--preload", a, "--preload", b, "inventory")["mapped"] == 2
+    alias = fx.platform.host_path(_hard_link(fx))
+    assert fx.run("--preload", a, "--preload", alias, "inventory")["mapped"] == 1
+
+
+def _hard_link(fx: Fixtures) -> Path:
+    """Runtime A under a second name (a hard link in another folder)."""
     link = fx.root / "rt link"
     link.mkdir(exist_ok=True)
     if not (link / fx.platform.runtime).exists():
         os.link(fx.runtimes["A"], link / fx.platform.runtime)
-    alias = fx.platform.host_path(link / fx.platform.runtime)
-    assert fx.run("--preload", a, "--preload", alias, "inventory")["mapped"] == 1  # a hard link is the same file
+    return link / fx.platform.runtime
+
+
+def test_the_binding_holds_its_own_reference(fx: Fixtures) -> None:
+    """One counted reference to the exact runtime whether it was loaded or reused: with
+    the preload's own reference dropped the runtime stays mapped while the backend is
+    open, and every reference is gone once it is closed (the backend first)."""
+    reused = fx.run("--release-preloads", "--preload", fx.platform.host_path(fx.runtimes["A"]), "open", "hip",
+                    env={"COLI_HIP_RUNTIME_DIR": fx.dir_of("A")})  # fmt: skip
+    assert reused["ok"] is True and reused["reused"] is True, reused
+    assert (reused["mapped_before"], reused["mapped_held"], reused["mapped_after_close"]) == (1, 1, 0), reused
+    loaded = open_hip(fx, fx.dir_of("A"))
+    assert loaded["ok"] is True and loaded["reused"] is False, loaded
+    assert (loaded["mapped_before"], loaded["mapped_after"], loaded["mapped_after_close"]) == (0, 1, 0), loaded
 
 
 @pytest.mark.parametrize(
