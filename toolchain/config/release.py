@@ -49,15 +49,17 @@ def _check_group(release: ReleaseSection, api: str, arches: tuple[str, ...]) -> 
     if unknown:
         return [unknown]
     if not arches:
-        problems.append("an empty group")
-    wrong = [a for a in arches if a == "native" or api_of(a) != api]
+        problems.append("an empty group (a release names every arch it ships)")
+    if "native" in arches:
+        problems.append("native is refused in a release: its arches are named, not the building machine's GPUs")
+    wrong = [a for a in arches if a != "native" and api_of(a) != api]
     if wrong:
         want = {"ref": "cpu", "hip": "gfx* arches", "cuda": "sm_* arches"}[api]
         problems.append(f"{', '.join(wrong)} in a {api} target (allowed: {want})")
     if len(set(arches)) != len(arches):
         problems.append(f"an arch listed twice in {list(arches)}")
     version = {str(k): v for k, v in release.sdk.items()}.get(api)
-    if version and not wrong:
+    if version and not wrong and "native" not in arches:
         for arch in arches:
             why = table.sdk_problem(arch, api, version)
             if why:
