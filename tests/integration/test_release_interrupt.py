@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_a_release_killed_at_random_points_restarts_to_the_same_bytes(tmp_path: Path) -> None:
     """Ten kills spread over the whole release (tools/interrupt_release.py stratifies them):
     the reference entry has every stage of a release (host, backend, verify, validate,
-    package, publish) and takes seconds, so every trial kills inside one of them."""
+    package, publish) and takes seconds, so the kills land inside its stages."""
     need_tool("gcc")
     project = copy_project(tmp_path / "killed copy")
     script = ROOT / "tools" / "interrupt_release.py"
