@@ -56,6 +56,26 @@ NM = "nm" if NATIVE_WINDOWS else "x86_64-w64-mingw32-nm"
 PLATFORMS = ["windows"] if NATIVE_WINDOWS else ["linux", "windows"]
 
 
+BINDING_DOC = ROOT / "docs" / "binding.md"
+
+
+def doc_table(section: str) -> list[list[str]]:
+    """The rows (header and rule left out) of the first table under `## section` in
+    docs/binding.md, each cell stripped of its backticks: the tests take the words and
+    the decisions from the document users read."""
+    lines = BINDING_DOC.read_text(encoding="utf-8").splitlines()
+    start = lines.index(f"## {section}")
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("## "):
+            break
+        if line.startswith("|"):
+            rows.append([c.strip().strip("`") for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]
+
+
 def _render(name: str, **values: Any) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined)
     return env.get_template(name).render(**values)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_tool
-from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build
+from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build, doc_table
 
 pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
 
@@ -271,16 +271,7 @@ def test_a_runtime_missing_a_procedure_is_refused(fx: Fixtures) -> None:
 
 
 @pytest.mark.parametrize(
-    ("code", "exists", "words"),
-    [
-        (2, False, "the file does not exist (Windows error 2)"),
-        (3, False, "its folder does not exist (Windows error 3)"),
-        (5, True, "access denied (Windows error 5)"),
-        (126, False, "the module does not exist (Windows error 126)"),
-        (126, True, "it exists as a file, so a DLL it depends on is missing (Windows error 126)"),
-        (127, True, "a procedure it imports is missing from a dependency (Windows error 127)"),
-        (193, True, "it is not a valid Windows image for this machine (Windows error 193)"),
-    ],
+    ("code", "exists", "words"), [(int(c), e == "yes", w) for c, e, w in doc_table("Windows loader errors")]
 )
 def test_windows_error_words(fx: Fixtures, code: int, exists: bool, words: str) -> None:
     """Each Windows loader error has its own words, so missing file, missing dependency,
@@ -289,9 +280,43 @@ def test_windows_error_words(fx: Fixtures, code: int, exists: bool, words: str) 
     path = fx.runtimes["A"] if exists else fx.root / "absent.dll"
     message = fx.run("classify", str(code), fx.platform.host_path(path))["message"]
     if fx.platform.windows:
-        assert message == words
+        assert message == f"{words} (Windows error {code})"
     else:
         assert message.startswith("the dynamic loader refused it" if exists else "the file does not exist")
+
+
+def test_a_backend_missing_a_dependency_is_named_so(fx: Fixtures) -> None:
+    """A real load, not a set error number: a backend (no HIP import) whose dependency is
+    gone. Windows and Wine: error 126 with the file present, in docs/binding.md's words;
+    Linux: the dynamic loader's own reason (dlerror), naming the missing library."""
+    from tests.loader_fixtures import compile_c
+
+    p = fx.platform
+    work = fx.root / "gone"
+    work.mkdir(exist_ok=True)
+    dep_name = "coli_gone.dll" if p.windows else "libcoli_gone.so"
+    (work / "gone.c").write_text("int coli_gone(void) { return 1; }\n")
+    (work / "uses.c").write_text("int coli_gone(void);\nint coli_uses(void) { return coli_gone(); }\n")
+    dep = work / dep_name
+    pic = [] if p.windows else ["-fPIC", f"-Wl,-soname,{dep_name}"]
+    compile_c(p, "-shared", *pic, work / "gone.c", "-o", dep)
+    uses = fx.app / ("coli_uses" + Path(p.backend).suffix)
+    compile_c(p, "-shared", *([] if p.windows else ["-fPIC"]), work / "uses.c", "-o", uses, dep)
+    dep.unlink()
+    r = fx.run("open", p.host_path(uses), env={"COLI_HIP_RUNTIME_DIR": None})
+    words = {w: e for c, e, w in doc_table("Windows loader errors") if c == "126"}
+    if p.windows:
+        expected = next(w for w, e in words.items() if e == "yes")
+        assert r["rc"] == 1 and f"{expected} (Windows error 126)" in str(r["error"]), r
+    else:
+        assert r["rc"] == 1 and f"{dep_name}: cannot open shared object file" in str(r["error"]), r
+
+
+def test_the_load_failures_are_told_apart(fx: Fixtures) -> None:
+    """Missing file, missing dependency, missing procedure and invalid image: four
+    classes, four different messages (docs/binding.md)."""
+    words = {c: w for c, e, w in doc_table("Windows loader errors") if e == "yes" or c == "2"}
+    assert len({words[c] for c in ("2", "126", "127", "193")}) == 4
 
 
 def test_an_invalid_runtime_image_is_refused(fx: Fixtures) -> None:
@@ -349,19 +374,19 @@ def test_other_modes_ignore_coli_hip_runtime_dir(fx: Fixtures, how: str) -> None
 # ---- the pure helpers ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("ok", "mapped", "single", "decision"),
-    [
-        ("1", "0", "unknown", "load"),
-        ("1", "1", "same", "reuse"),
-        ("1", "1", "different", "reject-different"),
-        ("1", "1", "unknown", "reject-unverifiable"),
-        ("1", "2", "same", "reject-multiple"),
-        ("0", "0", "unknown", "reject-unverifiable"),  # a failed inventory is never "none loaded"
-        ("0", "1", "same", "reject-unverifiable"),
-    ],
-)
+def _decision_rows() -> list[tuple[str, str, str, str]]:
+    """docs/binding.md's decision table, each "-" and "2 or more" spelt out."""
+    rows = []
+    for read, mapped, same, decision in doc_table("Decisions"):
+        counts = {"-": ["0", "1"], "2 or more": ["2", "3"]}.get(mapped, [mapped])
+        sames = {"-": ["same", "different"], "yes": ["same"], "no": ["different"]}.get(same, [same])
+        rows += [("1" if read == "yes" else "0", n, c, decision) for n in counts for c in sames]
+    return rows
+
+
+@pytest.mark.parametrize(("ok", "mapped", "single", "decision"), _decision_rows())
 def test_decision_table(fx: Fixtures, ok: str, mapped: str, single: str, decision: str) -> None:
+    """The binding's decision for every row of the table in docs/binding.md."""
     assert fx.run("decide", ok, mapped, single)["decision"] == decision
 
 
