@@ -182,7 +182,9 @@ int coli_imports_each(const char *path, int (*each)(const char *name, void *ctx)
 }
 
 int coli_is_hip_runtime_name(const char *name) {
-    if (!strncmp(name, "libamdhip64.so", 14)) return name[14] == 0 || name[14] == '.';
+    /* the family in two pieces: the host's binary holds one whole runtime name, the one it
+     * binds (COLI_HIP_RUNTIME_NAME), which verify reads there */
+    if (!strncmp(name, "libamdhip64", 11) && !strncmp(name + 11, ".so", 3)) return name[14] == 0 || name[14] == '.';
     char low[64];
     size_t n = strlen(name);
     if (n >= sizeof low) return 0;

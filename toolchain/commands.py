@@ -22,6 +22,7 @@ from .command_data import (
 from .commands_windows import hip_environment, windows_cuda_argv, windows_hip_argv
 from .discover import HipSdk
 from .plan import BackendSpec, Plan
+from .windows_sdk import WinHipSdk
 
 __all__ = [
     "HOST_SOURCES",
@@ -118,13 +119,14 @@ def host_command(plan: Plan, output: Path) -> Command:
 
 
 def _runtime_name(plan: Plan) -> list[str]:
-    """The HIP runtime the host's binding contract looks for: the SDK's soname on
-    Linux; on Windows the engine's default (amdhip64_7.dll). It depends on the SDK
+    """The HIP runtime the host's binding contract looks for: the one the SDK that
+    builds its HIP backends links them against (its soname on Linux, its
+    amdhip64_<N>.dll on Windows), else the engine's default. It depends on the SDK
     found, not on the arches asked for, so one host serves every backend."""
-    hip = plan.toolchains.hip
-    if plan.windows or not isinstance(hip, HipSdk):
-        return []
-    return [f'-DCOLI_HIP_RUNTIME_NAME="{hip.runtime_name}"']
+    hip, win = plan.toolchains.hip, plan.toolchains.win_hip
+    if plan.windows:
+        return [f'-DCOLI_HIP_RUNTIME_NAME="{win.runtime_dll}"'] if isinstance(win, WinHipSdk) else []
+    return [f'-DCOLI_HIP_RUNTIME_NAME="{hip.runtime_name}"'] if isinstance(hip, HipSdk) else []
 
 
 def backend_inputs(plan: Plan, spec: BackendSpec) -> list[Path]:

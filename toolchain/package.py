@@ -50,10 +50,11 @@ def build_info(
     toolchain: Mapping[str, Mapping[str, str]],
     verify: Mapping[str, Mapping[str, Any]],
     validate: Mapping[str, Any],
+    hip_runtime: str | None = None,
 ) -> dict[str, Any]:
-    """build-info.json: what was built, from which source and toolchains, and what
-    verify and validate found."""
-    return {
+    """build-info.json: what was built, from which source and toolchains, what verify and
+    validate found, and for a HIP package the runtime its host binds and its backend imports."""
+    info = {
         "schema": BUILD_INFO_SCHEMA,
         "name": name,
         "version": version,
@@ -67,6 +68,9 @@ def build_info(
         "verify": {k: {"ok": r["ok"], "checks": r["checks"]} for k, r in verify.items()},
         "validate": dict(validate),
     }
+    if hip_runtime is not None:
+        info["hip_runtime"] = hip_runtime
+    return info
 
 
 def _hip_readme(spec: BackendSpec, version: str, host: str, backend: str, runtime: HipRuntime) -> bytes:

@@ -34,7 +34,7 @@ from .report import ColiReporter
 from .revision import source_revision
 from .table import aligned
 from .validate import Validation, format_validation, validate_backend, validate_host
-from .verify import format_table, verify_artifact
+from .verify import Report, format_table, runtime_agreement, verify_artifact
 from .windows_sdk import WinHipSdk
 
 __all__ = ["doit_config", "make_tasks"]
@@ -194,7 +194,7 @@ class _Graph:
             yield _task(
                 name=spec.task,
                 actions=[_guard(self._verify, lib, spec.api, spec.arches, out)],
-                file_dep=[lib, self.abi_file],
+                file_dep=[lib, self.abi_file, *([self.plan.host_exe] if spec.api == "hip" else [])],
                 targets=[out],
                 uptodate=[config_changed({"arches": list(spec.arches), "forbidden": self.forbidden_paths()})],
                 verbosity=2,
@@ -202,6 +202,9 @@ class _Graph:
 
     def _verify(self, artifact: Path, kind: str, arches: tuple[str, ...], out: Path) -> None:
         report = verify_artifact(artifact, kind, load_abi(self.abi_file).exports, arches, self.forbidden_paths())
+        if kind == "hip" and report.format != "unknown":  # the package's host must bind what this backend imports
+            agreement = runtime_agreement(self.plan.host_exe, artifact)
+            report = Report(report.artifact, report.kind, report.format, (*report.checks, agreement))
         write_atomic(out, report.to_json())
         _say(format_table([report]))
         if not report.ok:
@@ -329,6 +332,7 @@ class _Graph:
             return data
 
         abi = load_abi(self.abi_file)
+        runtime = self._hip_runtime(spec) if spec.api == "hip" else None
         info = build_info(
             name=self.package_name(spec),
             version=self.plan.rc.config.version,
@@ -338,8 +342,8 @@ class _Graph:
             toolchain={"host": self.fingerprint("host"), spec.api: self.fingerprint(spec.api)},
             verify={"host": report(self.verify_json("host")), spec.lib_name: report(self.verify_json(spec.key))},
             validate={"host": report(self.validate_host_json()), spec.lib_name: report(self.validate_json(spec))},
+            hip_runtime=runtime.name if runtime else None,
         )
-        runtime = self._hip_runtime(spec) if spec.api == "hip" else None
         files = package_files(spec, host, lib, info, runtime)
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
         print(f"package {dest.name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,17 @@ from pathlib import Path
 from .inspect import HIP_PE_SECTION, cuda_fatbin_arches, parse_offload_bundle, read_binary
 from .table import aligned
 
-__all__ = ["REPORT_VERSION", "Check", "Report", "allowlist", "format_table", "verify_artifact"]
+__all__ = [
+    "REPORT_VERSION",
+    "Check",
+    "Report",
+    "allowlist",
+    "format_table",
+    "hip_runtime_names",
+    "is_hip_runtime",
+    "runtime_agreement",
+    "verify_artifact",
+]
 
 REPORT_VERSION = 1
 
@@ -117,6 +128,33 @@ def _device_check(kind: str, sections: dict[str, bytes], arches: tuple[str, ...]
         not missing,
         f".nv_fatbin holds {detail}" + (f"; no SASS for {', '.join(missing)}" if missing else ""),
     )
+
+
+_HIP_RUNTIME = re.compile(r"^(libamdhip64\.so(\.[0-9]+)*|amdhip64(_[0-9]+)?\.dll)$", re.IGNORECASE)
+# the name as the host's binding holds it: a C string literal
+_HIP_RUNTIME_IN_BINARY = re.compile(
+    rb"(?<![A-Za-z0-9_.])(libamdhip64\.so(?:\.[0-9]+)*|amdhip64(?:_[0-9]+)?\.dll)\x00", re.I
+)
+
+
+def is_hip_runtime(name: str) -> bool:
+    """The HIP runtime under any version's name (engine/imports.c's rule)."""
+    return bool(_HIP_RUNTIME.match(name)) and (not name.lower().startswith("lib") or name.startswith("libamdhip64.so"))
+
+
+def hip_runtime_names(host: Path) -> list[str]:
+    """The HIP runtime names a host executable holds (the one its binding looks for)."""
+    return sorted({m.group(1).decode() for m in _HIP_RUNTIME_IN_BINARY.finditer(host.read_bytes())})
+
+
+def runtime_agreement(host: Path, backend: Path) -> Check:
+    """The HIP runtime the backend imports is the one the host binds: a package whose host
+    and backend come from different HIP SDKs could never start its GPU tier."""
+    imports = sorted(n for n in read_binary(backend).imports if is_hip_runtime(n))
+    binds = hip_runtime_names(host)
+    ok = len(imports) == 1 and [n.lower() for n in binds] == [imports[0].lower()]
+    detail = f"host binds {', '.join(binds) or 'no HIP runtime'}; backend imports {', '.join(imports) or 'none'}"
+    return Check("hip runtime", ok, detail)
 
 
 def verify_artifact(

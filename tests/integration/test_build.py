@@ -61,6 +61,8 @@ def test_device_code_of_the_default_arches(built_project: Path) -> None:
     hip = json.loads((reports / "verify-hip-gfx1030_gfx90a.json").read_text())
     (device,) = [c for c in hip["checks"] if c["name"] == "device code"]
     assert device["ok"] and device["detail"] == ".hip_fatbin lists gfx1030, gfx90a"
+    (runtime,) = [c for c in hip["checks"] if c["name"] == "hip runtime"]
+    assert runtime["ok"] and runtime["detail"] == "host binds libamdhip64.so.5; backend imports libamdhip64.so.5"
     cuda = json.loads((reports / "verify-cuda-sm_80_sm_90.json").read_text())
     (device,) = [c for c in cuda["checks"] if c["name"] == "device code"]
     assert device["ok"] and "sm_80 (sass)" in device["detail"] and "sm_90 (ptx+sass)" in device["detail"]

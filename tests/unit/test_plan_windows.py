@@ -10,15 +10,15 @@ import pytest
 
 from tests.unit.fakes import script
 from tests.unit.test_plan import _plan
-from tests.unit.test_windows_build import ROCK_PROBE, find, msvc
+from tests.unit.test_windows_build import AMD, ROCK_PROBE, find, msvc
 from toolchain.commands import backend_command
 from toolchain.errors import ToolchainError
 from toolchain.plan import make_plan
 
 
-def windows_plan(tmp_path: Path, variables: dict[str, str], *, msvc_ok: bool = True, tool_output: str = ""):  # type: ignore[no-untyped-def]
+def windows_plan(tmp_path: Path, variables: dict[str, str], *, msvc_ok: bool = True, tool_output: str = "", sdk=None):  # type: ignore[no-untyped-def]
     base = _plan(tmp_path, {"os": "windows", "arch": "cpu"})
-    sdk = find({"HIP_PATH": "C:/TheRock/build"}, ROCK_PROBE)
+    sdk = sdk or find({"HIP_PATH": "C:/TheRock/build"}, ROCK_PROBE)
     toolchains = replace(base.toolchains, win_hip=sdk)
     rc = base.rc.__class__(
         config=base.rc.config.model_copy(
@@ -47,6 +47,21 @@ def test_windows_host_builds_the_hip_dll_with_the_sdk_and_msvc(tmp_path: Path) -
     assert "--offload-arch=gfx1151" in cmd.argv and "-fms-runtime-lib=static" in cmd.argv
     assert cmd.env["HIP_PATH"] == r"C:\TheRock\build" and "ROCM_PATH" in cmd.unset
     assert cmd.env["VCToolsVersion"] == "14.44.35207"
+
+
+@pytest.mark.parametrize("which", ["amd-6.4", "therock-7"])
+def test_the_host_binds_the_runtime_its_sdk_links(tmp_path: Path, which: str) -> None:
+    """The runtime's name comes from the SDK that builds the HIP backend (HIP SDK 6.x:
+    amdhip64_6.dll; 7.x and TheRock: amdhip64_7.dll), rendered into the host."""
+    from tests.unit.test_windows_build import AMD_PROBE
+    from toolchain.commands import host_command
+
+    sdk = find({"HIP_PATH": str(AMD)}, AMD_PROBE) if which == "amd-6.4" else None
+    plan = windows_plan(tmp_path, {"arch": "gfx1151"}, sdk=sdk)
+    want = "amdhip64_6.dll" if which == "amd-6.4" else "amdhip64_7.dll"
+    assert plan.win_hip.runtime_dll == want
+    (compile_main, *_) = host_command(plan, plan.host_exe).before
+    assert f'-DCOLI_HIP_RUNTIME_NAME="{want}"' in compile_main
 
 
 def test_an_arch_the_windows_sdk_lacks_is_an_error(tmp_path: Path) -> None:
@@ -117,6 +132,8 @@ def test_windows_hip_package_contents(tmp_path: Path) -> None:
         top = "coli-0.1.0-windows-x86_64-hip-gfx1151"
         names = sorted(n.removeprefix(top + "/") for n in zf.namelist())
         readme = zf.read(f"{top}/README-hip-runtime.txt").decode()
+        info = json.loads(zf.read(f"{top}/build-info.json"))
+    assert info["hip_runtime"] == "amdhip64_7.dll"
     assert names == ["README-hip-runtime.txt", "SHA256SUMS", "build-info.json", "coli.exe", "coli_hip.dll"]
     assert "amdhip64_7.dll" in readme and r"set COLI_HIP_RUNTIME_DIR=C:\Program Files\AMD\ROCm" in readme
     assert "HIP SDK 7.14.60850-9b8f2a51 built it" in readme and "resident_tensors" in readme

@@ -188,3 +188,19 @@ def test_objcopy_of_elf_section_matches_pyelftools(hip_lib: Path, tmp_path: Path
     raw = tmp_path / "b.bin"
     subprocess.run(["objcopy", "-O", "binary", "--only-section=.hip_fatbin", str(hip_lib), str(raw)], check=True)
     assert read_binary(hip_lib).sections[".hip_fatbin"] == raw.read_bytes()
+
+
+def test_the_host_must_bind_what_the_hip_backend_imports(hip_lib: Path, tmp_path: Path) -> None:
+    """A package's host and HIP backend from different HIP SDKs could never start the GPU
+    tier: verify names both runtimes."""
+    from toolchain.verify import runtime_agreement
+
+    host = tmp_path / "coli"
+    host.write_bytes(b"\x7fELF...\x00libamdhip64.so.5\x00[HIP] %s\x00")
+    check = runtime_agreement(host, hip_lib)
+    assert check.ok and check.detail == "host binds libamdhip64.so.5; backend imports libamdhip64.so.5"
+    host.write_bytes(b"\x7fELF...\x00libamdhip64.so.6\x00")
+    check = runtime_agreement(host, hip_lib)
+    assert not check.ok and check.detail == "host binds libamdhip64.so.6; backend imports libamdhip64.so.5"
+    host.write_bytes(b"\x7fELF... no runtime named here")
+    assert runtime_agreement(host, hip_lib).detail == "host binds no HIP runtime; backend imports libamdhip64.so.5"
