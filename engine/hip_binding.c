@@ -62,37 +62,58 @@ const char *coli_bind_decision_name(bind_decision d) {
     return names[d];
 }
 
+/* ---- the inventory's list, and the test builds' fault points ---------------- */
+
+#if defined(COLI_BINDING_FAULTS)
+const char *coli_binding_fault;
+static int inventories; /* the binding's inventories so far: "name@N" acts from the N-th on */
+
+static int fault(const char *name) {
+    const char *f = coli_binding_fault;
+    size_t n = strlen(name);
+    if (!f || strncmp(f, name, n) != 0 || (f[n] && f[n] != '@')) return 0;
+    return f[n] != '@' || inventories >= atoi(f + n + 1);
+}
+#define COUNT_INVENTORY() (void)++inventories
+#else
+#define fault(name) 0
+#define COUNT_INVENTORY() (void)0
+#endif
+
+/* Appends one module: its path (NULL: it could not be read) and identity. -1 when
+ * memory runs out, which makes the whole inventory unreadable. */
+static int list_add(coli_runtime_list *l, const char *path, const coli_file_id *id) {
+    coli_mapped_runtime *grown = fault("alloc") ? NULL : realloc(l->items, ((size_t)l->count + 1) * sizeof *grown);
+    if (!grown) return -1;
+    l->items = grown;
+    char *copy = NULL;
+    if (path) {
+        size_t n = strlen(path) + 1;
+        if (!(copy = malloc(n))) return -1;
+        memcpy(copy, path, n);
+    }
+    grown[l->count].path = copy;
+    grown[l->count].id = *id;
+    l->count++;
+    return 0;
+}
+
+void coli_runtime_list_free(coli_runtime_list *l) {
+    for (int i = 0; i < l->count; i++) free(l->items[i].path);
+    free(l->items);
+    l->items = NULL;
+    l->count = 0;
+}
+
 /* ---- platform: Windows ---------------------------------------------------- */
 
 #if defined(_WIN32)
 
 #define STYLE PATH_STYLE_WINDOWS
 
-static wchar_t *widen(const char *s) {
-    int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, s, -1, NULL, 0);
-    if (n <= 0) return NULL;
-    wchar_t *w = malloc((size_t)n * sizeof *w);
-    if (w && !MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, s, -1, w, n)) {
-        free(w);
-        return NULL;
-    }
-    return w;
-}
-
-static char *narrow(const wchar_t *w) {
-    int n = WideCharToMultiByte(CP_UTF8, 0, w, -1, NULL, 0, NULL, NULL);
-    if (n <= 0) return NULL;
-    char *s = malloc((size_t)n);
-    if (s && !WideCharToMultiByte(CP_UTF8, 0, w, -1, s, n, NULL, NULL)) {
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
 /* An environment variable as UTF-8; *set = 0 when it does not exist. */
 static char *read_env(const char *name, int *set) {
-    wchar_t *wname = widen(name);
+    wchar_t *wname = coli_widen(name);
     *set = 0;
     if (!wname) return NULL;
     SetLastError(0);
@@ -105,7 +126,7 @@ static char *read_env(const char *name, int *set) {
     wchar_t *buf = malloc((size_t)n * sizeof *buf);
     char *out = NULL;
     if (buf && GetEnvironmentVariableW(wname, buf, n) < n) {
-        out = narrow(buf);
+        out = coli_narrow(buf);
         *set = 1;
     }
     free(buf);
@@ -117,7 +138,7 @@ static int id_from_handle(HANDLE h, file_id_format want, coli_file_id *out) {
     memset(out, 0, sizeof *out);
     if (want != FILE_ID_LEGACY) {
         FILE_ID_INFO info;
-        if (GetFileInformationByHandleEx(h, FileIdInfo, &info, sizeof info)) {
+        if (!fault("no-file-id-info") && GetFileInformationByHandleEx(h, FileIdInfo, &info, sizeof info)) {
             out->format = FILE_ID_EXTENDED;
             out->volume = info.VolumeSerialNumber;
             memcpy(out->id, &info.FileId, sizeof info.FileId);
@@ -144,7 +165,7 @@ static int id_from_wide_path(const wchar_t *path, file_id_format want, coli_file
 }
 
 int coli_file_identity(const char *path, file_id_format want, coli_file_id *out) {
-    wchar_t *w = widen(path);
+    wchar_t *w = coli_widen(path);
     int rc = w ? id_from_wide_path(w, want, out) : -1;
     free(w);
     if (rc) memset(out, 0, sizeof *out);
@@ -169,12 +190,26 @@ static wchar_t *module_path(HMODULE m) {
     }
 }
 
-int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_runtime *out, int max) {
-    wchar_t *wname = widen(name);
+/* One module of the runtime's name: its path and identity, either of which may be
+ * unreadable. -1 only when memory runs out. */
+static int add_module(coli_runtime_list *l, HMODULE m, file_id_format format) {
+    coli_file_id id;
+    wchar_t *path = fault("module-path") ? NULL : module_path(m);
+    char *text = path ? coli_narrow(path) : NULL;
+    if (!path || fault("module-identity") || id_from_wide_path(path, format, &id)) memset(&id, 0, sizeof id);
+    int rc = path && !text ? -1 : list_add(l, text, &id);
+    free(text);
+    free(path);
+    return rc;
+}
+
+int coli_runtime_inventory(const char *name, file_id_format format, coli_runtime_list *out) {
+    memset(out, 0, sizeof *out);
+    wchar_t *wname = coli_widen(name);
     HANDLE snap = INVALID_HANDLE_VALUE;
     if (!wname) return -1;
     /* ERROR_BAD_LENGTH: the module list changed while it was read; try again */
-    for (int attempt = 0; attempt < 16 && snap == INVALID_HANDLE_VALUE; attempt++) {
+    for (int attempt = 0; attempt < 16 && snap == INVALID_HANDLE_VALUE && !fault("snapshot"); attempt++) {
         snap = CreateToolhelp32Snapshot(TH32CS_SNAPMODULE | TH32CS_SNAPMODULE32, GetCurrentProcessId());
         if (snap == INVALID_HANDLE_VALUE && GetLastError() != ERROR_BAD_LENGTH) break;
     }
@@ -184,32 +219,22 @@ int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_
     }
     MODULEENTRY32W me;
     me.dwSize = sizeof me;
-    int count = 0, failed = 0;
-    if (!Module32FirstW(snap, &me)) failed = GetLastError() != ERROR_NO_MORE_FILES;
-    else
-        do {
-            if (_wcsicmp(me.szModule, wname) != 0) continue;
-            if (count < max) {
-                coli_mapped_runtime *m = &out[count];
-                wchar_t *path = module_path(me.hModule);
-                char *text = path ? narrow(path) : NULL;
-                if (!path || id_from_wide_path(path, format, &m->id)) memset(&m->id, 0, sizeof m->id);
-                snprintf(m->path, sizeof m->path, "%s", text ? text : "(its path cannot be read)");
-                free(text);
-                free(path);
-            }
-            count++;
-        } while (Module32NextW(snap, &me));
-    if (!failed && GetLastError() != ERROR_NO_MORE_FILES) failed = 1;
+    BOOL more = Module32FirstW(snap, &me);
+    int failed = !more && GetLastError() != ERROR_NO_MORE_FILES;
+    while (more && !failed) {
+        if (_wcsicmp(me.szModule, wname) == 0 && add_module(out, me.hModule, format)) failed = 1;
+        else if (fault("enumerate")) failed = 1;
+        else if (!(more = Module32NextW(snap, &me))) failed = GetLastError() != ERROR_NO_MORE_FILES;
+    }
     CloseHandle(snap);
     free(wname);
-    return failed ? -1 : count;
+    return failed ? -1 : 0;
 }
 
 /* One more counted reference to the module mapped from `path` (never a second
  * mapping: GetModuleHandleEx finds the module by that exact path). */
 static void *reference_mapped(const char *path) {
-    wchar_t *w = widen(path);
+    wchar_t *w = coli_widen(path);
     HMODULE h = NULL;
     if (w && !GetModuleHandleExW(0, w, &h)) h = NULL;
     free(w);
@@ -221,7 +246,7 @@ int coli_exe_dir(char *out, size_t outlen) {
     if (!w) return 1;
     wchar_t *slash = wcsrchr(w, L'\\');
     if (slash) *slash = 0;
-    char *s = narrow(w);
+    char *s = coli_narrow(w);
     free(w);
     if (!s) return 1;
     int rc = snprintf(out, outlen, "%s", s) >= (int)outlen;
@@ -230,7 +255,7 @@ int coli_exe_dir(char *out, size_t outlen) {
 }
 
 static void *open_runtime(const char *path) {
-    wchar_t *w = widen(path);
+    wchar_t *w = coli_widen(path);
     void *h = w ? (void *)LoadLibraryExW(w, NULL, LOAD_WITH_ALTERED_SEARCH_PATH) : NULL;
     free(w);
     return h;
@@ -241,7 +266,7 @@ static void close_runtime(void *h) { FreeLibrary((HMODULE)h); }
 void coli_loader_error(const char *path, char *out, size_t outlen) {
     DWORD code = GetLastError();
     const char *what;
-    wchar_t *w = widen(path);
+    wchar_t *w = coli_widen(path);
     DWORD attrs = w ? GetFileAttributesW(w) : INVALID_FILE_ATTRIBUTES;
     free(w);
     switch (code) {
@@ -293,39 +318,39 @@ typedef struct inventory_ctx {
     const char *family; /* "libamdhip64.so" for "libamdhip64.so.5" */
     size_t family_len;
     file_id_format format;
-    coli_mapped_runtime *out;
-    int max, count;
+    coli_runtime_list *out;
+    int failed;
 } inventory_ctx;
 
 static int on_object(struct dl_phdr_info *info, size_t size, void *data) {
     inventory_ctx *c = data;
     (void)size;
+    if (fault("enumerate")) return c->failed = 1;
     const char *path = info->dlpi_name, *base;
     if (!path || !*path) return 0;
     base = strrchr(path, '/');
     base = base ? base + 1 : path;
     /* the soname family: libamdhip64.so, libamdhip64.so.5, libamdhip64.so.5.2.x */
     if (strncmp(base, c->family, c->family_len) != 0 || (base[c->family_len] && base[c->family_len] != '.')) return 0;
-    if (c->count < c->max) {
-        coli_mapped_runtime *m = &c->out[c->count];
-        if (coli_file_identity(path, c->format, &m->id)) memset(&m->id, 0, sizeof m->id);
-        snprintf(m->path, sizeof m->path, "%s", path);
-    }
-    c->count++;
+    coli_file_id id;
+    const char *shown = fault("module-path") ? NULL : path;
+    if (!shown || fault("module-identity") || coli_file_identity(path, c->format, &id)) memset(&id, 0, sizeof id);
+    if (list_add(c->out, shown, &id)) return c->failed = 1;
     return 0;
 }
 
-int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_runtime *out, int max) {
+int coli_runtime_inventory(const char *name, file_id_format format, coli_runtime_list *out) {
     inventory_ctx c;
+    memset(out, 0, sizeof *out);
     memset(&c, 0, sizeof c);
     const char *so = strstr(name, ".so");
     c.family = name;
     c.family_len = so ? (size_t)(so - name) + 3 : strlen(name);
     c.format = format;
     c.out = out;
-    c.max = max;
+    if (fault("snapshot")) return -1; /* the loader's list has no snapshot to fail: the test's stand-in */
     dl_iterate_phdr(on_object, &c);
-    return c.count;
+    return c.failed ? -1 : 0;
 }
 
 /* One more counted reference to the object mapped from `path` (RTLD_NOLOAD: never a
@@ -375,55 +400,80 @@ static int stat_dir(const char *path, int *is_dir) {
 
 /* ---- the contract --------------------------------------------------------- */
 
-#define INVENTORY_MAX 8
+bind_decision coli_bind_judge(const coli_file_id *configured, int read, const coli_runtime_list *list) {
+    id_compare single = read && list->count == 1 ? coli_file_id_compare(&list->items[0].id, configured) : ID_UNKNOWN;
+    bind_decision d = coli_bind_decide(read, read ? list->count : -1, single);
+    /* without the configured file's identity nothing loaded by its path could be proved to be it */
+    return d == BIND_LOAD && configured->format == FILE_ID_NONE ? BIND_REJECT_UNVERIFIABLE : d;
+}
+
+static const char *shown_path(const coli_mapped_runtime *m) {
+    return m->path ? m->path : "(a module whose path cannot be read)";
+}
+
+/* "P1; P2 (both of them are one file)": every mapped module's path, and whether any
+ * two are one physical file. */
+static void mapped_paths(const coli_runtime_list *list, char *out, size_t outlen) {
+    size_t at = 0;
+    int same = 0;
+    out[0] = 0;
+    for (int i = 0; i < list->count; i++) {
+        for (int j = 0; j < i; j++) same |= coli_file_id_compare(&list->items[i].id, &list->items[j].id) == ID_SAME;
+        int n = snprintf(out + at, outlen - at, "%s%s", i ? "; " : "", shown_path(&list->items[i]));
+        if (n < 0 || (size_t)n >= outlen - at) return;
+        at += (size_t)n;
+    }
+    if (same) snprintf(out + at, outlen - at, " (%s of them are one file)", list->count == 2 ? "both" : "some");
+}
+
+/* Why an inventory cannot say which runtime is mapped. */
+static void unverifiable_reason(const coli_file_id *configured, int read, const coli_runtime_list *list, char *out,
+                                size_t outlen) {
+    const coli_mapped_runtime *one = list->count == 1 ? &list->items[0] : NULL;
+    if (!read) snprintf(out, outlen, "the module list could not be read");
+    else if (configured->format == FILE_ID_NONE) snprintf(out, outlen, "the configured file's identity cannot be read");
+    else if (one && !one->path) snprintf(out, outlen, "a mapped module's path cannot be read");
+    else if (one && one->id.format == FILE_ID_NONE) snprintf(out, outlen, "the identity of %s cannot be read", one->path);
+    else snprintf(out, outlen, "the identity of %s is of another kind than the configured file's", one ? shown_path(one) : "a module");
+}
+
+void coli_bind_refusal(const char *stage, const char *configured_path, const coli_file_id *configured, int read,
+                       const coli_runtime_list *list, bind_decision decision, char *err, size_t errlen) {
+    char paths[3072], why[1200];
+    mapped_paths(list, paths, sizeof paths);
+    const char *name = coli_bind_decision_name(decision);
+    switch (decision) {
+    case BIND_LOAD:
+    case BIND_REUSE: snprintf(err, errlen, "[HIP] %s: no refusal [%s]", stage, name); break;
+    case BIND_REJECT_DIFFERENT:
+        snprintf(err, errlen, "[HIP] %s: a different %s is already loaded (%s), not the configured %s [%s]", stage,
+                 COLI_HIP_RUNTIME_NAME, paths, configured_path, name);
+        break;
+    case BIND_REJECT_MULTIPLE:
+        snprintf(err, errlen, "[HIP] %s: %d modules named %s are loaded (%s), the configured one is %s [%s]", stage,
+                 list->count, COLI_HIP_RUNTIME_NAME, paths, configured_path, name);
+        break;
+    case BIND_REJECT_UNVERIFIABLE:
+        unverifiable_reason(configured, read, list, why, sizeof why);
+        snprintf(err, errlen, "[HIP] %s: cannot establish which %s is loaded (%s), the configured one is %s [%s]",
+                 stage, COLI_HIP_RUNTIME_NAME, why, configured_path, name);
+    }
+}
 
 typedef struct inventory {
-    int mapped; /* modules of the runtime's name, or -1: the list could not be read */
-    coli_mapped_runtime found[INVENTORY_MAX];
+    int read; /* the module list was read whole */
+    coli_runtime_list list;
     bind_decision decision;
 } inventory;
 
 static void take_inventory(const coli_hip_binding *b, inventory *inv) {
-    inv->mapped = coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, b->identity.format, inv->found, INVENTORY_MAX);
-    id_compare cmp = inv->mapped == 1 ? coli_file_id_compare(&inv->found[0].id, &b->identity) : ID_UNKNOWN;
-    inv->decision = coli_bind_decide(inv->mapped >= 0, inv->mapped, cmp);
-}
-
-/* "P1; P2 (one file under two names)": the mapped modules' paths, and whether any two
- * are one physical file. */
-static void mapped_paths(const inventory *inv, char *out, size_t outlen) {
-    size_t at = 0;
-    int same = 0;
-    const int shown = inv->mapped < INVENTORY_MAX ? inv->mapped : INVENTORY_MAX;
-    out[0] = 0;
-    for (int i = 0; i < shown; i++) {
-        for (int j = 0; j < i; j++) same |= coli_file_id_compare(&inv->found[i].id, &inv->found[j].id) == ID_SAME;
-        int n = snprintf(out + at, outlen - at, "%s%s", i ? "; " : "", inv->found[i].path);
-        if (n < 0 || (size_t)n >= outlen - at) return;
-        at += (size_t)n;
-    }
-    if (same) snprintf(out + at, outlen - at, " (one file under %s names)", shown == 2 ? "two" : "several");
+    COUNT_INVENTORY();
+    inv->read = coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, b->identity.format, &inv->list) == 0;
+    inv->decision = coli_bind_judge(&b->identity, inv->read, &inv->list);
 }
 
 static int reject(char *err, size_t errlen, const coli_hip_binding *b, const inventory *inv, const char *stage) {
-    char paths[2048];
-    mapped_paths(inv, paths, sizeof paths);
-    const char *decision = coli_bind_decision_name(inv->decision);
-    switch (inv->decision) {
-    case BIND_REJECT_DIFFERENT:
-        snprintf(err, errlen, "[HIP] %s: a different %s is already loaded (%s), not the configured %s [%s]", stage,
-                 COLI_HIP_RUNTIME_NAME, paths, b->runtime_path, decision);
-        break;
-    case BIND_REJECT_MULTIPLE:
-        snprintf(err, errlen, "[HIP] %s: %d files named %s are loaded (%s), the configured one is %s [%s]", stage,
-                 inv->mapped, COLI_HIP_RUNTIME_NAME, paths, b->runtime_path, decision);
-        break;
-    default:
-        snprintf(err, errlen, "[HIP] %s: cannot establish which %s is loaded (%s), the configured one is %s [%s]",
-                 stage, COLI_HIP_RUNTIME_NAME,
-                 inv->mapped < 0 ? "the module list could not be read" : "a file identity is unknown", b->runtime_path,
-                 decision);
-    }
+    coli_bind_refusal(stage, b->runtime_path, &b->identity, inv->read, &inv->list, inv->decision, err, errlen);
     return 1;
 }
 
@@ -483,45 +533,47 @@ int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
     int bad = check_runtime_dir(dir, set, err, errlen) || find_runtime_file(dir, b, err, errlen);
     free(dir);
     if (bad) return 1;
-    if (coli_file_identity(b->runtime_path, PREFERRED_ID, &b->identity)) {
-        snprintf(err, errlen, "[HIP] cannot read the file identity of %s", b->runtime_path);
-        return 1;
-    }
+    if (fault("file-identity") || coli_file_identity(b->runtime_path, PREFERRED_ID, &b->identity))
+        memset(&b->identity, 0, sizeof b->identity);
     inventory inv;
     take_inventory(b, &inv);
+    int rc = 0;
     if (inv.decision == BIND_REUSE) {
         /* the configured file is the one mapped: this host takes its own reference to it */
         b->reused = 1;
-        b->runtime = reference_mapped(inv.found[0].path);
-        if (!b->runtime) {
-            snprintf(err, errlen, "[HIP] cannot take a reference to the mapped runtime %s", inv.found[0].path);
-            return 1;
+        if (!(b->runtime = reference_mapped(inv.list.items[0].path))) {
+            snprintf(err, errlen, "[HIP] cannot take a reference to the mapped runtime %s", inv.list.items[0].path);
+            rc = 1;
         }
     } else if (inv.decision != BIND_LOAD) {
-        return reject(err, errlen, b, &inv, "before loading");
+        rc = reject(err, errlen, b, &inv, "before loading");
     } else if (!(b->runtime = open_runtime(b->runtime_path))) {
         char why[600];
         coli_loader_error(b->runtime_path, why, sizeof why);
         snprintf(err, errlen, "[HIP] cannot load the runtime %s: %s", b->runtime_path, why);
-        return 1;
+        rc = 1;
     }
+    coli_runtime_list_free(&inv.list);
     /* the path was checked before it was loaded: prove what actually mapped */
-    if (coli_hip_verify(b, b->reused ? "after the runtime was referenced" : "after the runtime loaded", err, errlen)) {
+    if (!rc && coli_hip_verify(b, b->reused ? "after the runtime was referenced" : "after the runtime loaded", err, errlen)) {
         coli_hip_release(b);
-        return 1;
+        rc = 1;
     }
-    return 0;
+    return rc;
 }
 
 int coli_hip_verify(const coli_hip_binding *b, const char *stage, char *err, size_t errlen) {
     inventory inv;
     take_inventory(b, &inv);
-    if (inv.decision == BIND_REUSE) return 0; /* exactly one mapped, and it is the configured file */
+    int rc = 0;
     if (inv.decision == BIND_LOAD) {
         snprintf(err, errlen, "[HIP] %s: %s is not mapped at all", stage, b->runtime_path);
-        return 1;
+        rc = 1;
+    } else if (inv.decision != BIND_REUSE) { /* REUSE: exactly one mapped, and it is the configured file */
+        rc = reject(err, errlen, b, &inv, stage);
     }
-    return reject(err, errlen, b, &inv, stage);
+    coli_runtime_list_free(&inv.list);
+    return rc;
 }
 
 void coli_hip_release(coli_hip_binding *b) {

@@ -97,18 +97,47 @@ void coli_hip_release(coli_hip_binding *b);
 int coli_file_identity(const char *path, file_id_format want, coli_file_id *out);
 
 /* One module the inventory found: its file's identity (FILE_ID_NONE when it cannot
- * be read) and the path it was mapped from (UTF-8, for messages). */
+ * be read) and the path it was mapped from (UTF-8, for messages; NULL when it cannot
+ * be read). */
 typedef struct coli_mapped_runtime {
     coli_file_id id;
-    char path[1024];
+    char *path;
 } coli_mapped_runtime;
+
+typedef struct coli_runtime_list {
+    int count;
+    coli_mapped_runtime *items;
+} coli_runtime_list;
 
 /* The modules mapped in this process whose name is `name` (Windows: case-
  * insensitive module name; POSIX: the soname family, libfoo.so*), each counted:
- * two modules of one physical file (a hard link mapped under both names) are two,
- * as the seed counts them. Returns the count, or -1 when the enumeration failed;
- * the first `max` go into `out`, identities in `format`. */
-int coli_runtime_inventory(const char *name, file_id_format format, coli_mapped_runtime *out, int max);
+ * two modules of one physical file are two, as the seed counts them. 0 with the
+ * list (identities in `format`), or -1 when the module list could not be read
+ * whole (the snapshot, the enumeration or an allocation failed): never a partial
+ * list. Free the list with coli_runtime_list_free either way. */
+int coli_runtime_inventory(const char *name, file_id_format format, coli_runtime_list *out);
+void coli_runtime_list_free(coli_runtime_list *list);
+
+/* The decision for an inventory (read: it was read whole) against the configured
+ * file's identity: coli_bind_decide on the count and the one module's identity, and
+ * reject-unverifiable where none is mapped but the configured file's identity is
+ * unknown (what it loads could not be proved to be it). */
+bind_decision coli_bind_judge(const coli_file_id *configured, int read, const coli_runtime_list *list);
+
+/* The one-line refusal for a decision, from values alone: the stage, the configured
+ * file, every mapped module's path (and whether two are one file), the decision. */
+void coli_bind_refusal(const char *stage, const char *configured_path, const coli_file_id *configured, int read,
+                       const coli_runtime_list *list, bind_decision decision, char *err, size_t errlen);
+
+#if defined(COLI_BINDING_FAULTS)
+/* Test builds only (the contract harness): makes one system call of the binding
+ * fail as the OS can. "snapshot", "enumerate", "alloc", "module-path" and
+ * "module-identity" act on the inventory, from its N-th run on with "@N" (1: before
+ * loading, 2: after the runtime loaded, 3: after the backend mapped);
+ * "file-identity" on the configured file's identity; "no-file-id-info" makes
+ * FILE_ID_INFO unavailable (Windows), so both sides fall back to the legacy id. */
+extern const char *coli_binding_fault;
+#endif
 
 /* The directory of the running executable, without a trailing separator. */
 int coli_exe_dir(char *out, size_t outlen);

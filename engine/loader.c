@@ -48,10 +48,8 @@ static int abi_compatible(uint32_t version, uint32_t major, uint32_t minor) {
 
 static void *open_library(const char *path, char *err, size_t errlen) {
 #if defined(_WIN32)
-    int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, NULL, 0);
-    wchar_t *wide = n > 0 ? malloc((size_t)n * sizeof *wide) : NULL;
-    if (!wide || !MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, wide, n)) {
-        free(wide);
+    wchar_t *wide = coli_widen(path);
+    if (!wide) {
         snprintf(err, errlen, "backend path is not valid UTF-8: %s", path);
         return NULL;
     }

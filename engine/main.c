@@ -174,9 +174,9 @@ int main(int argc, char **argv) {
     }
 
     coli_backend b;
-    char err[1024];
+    char err[4096]; /* a refusal names every mapped runtime, each path possibly past MAX_PATH */
     int have_backend = 0;
-    char backend_error[1100] = "";
+    char backend_error[sizeof err + 200] = "";
     if (shapes_given && !selftest) return usage_error("--shapes applies to --selftest only", NULL);
     if (selftest) {
         if (!backend_path) return usage_error("--selftest needs --backend PATH", NULL);

@@ -21,4 +21,15 @@ char *coli_read_file(const char *path, size_t *len);
 /* -1: does not exist, 0: a file, 1: a directory. */
 int coli_path_kind(const char *path);
 
+#if defined(_WIN32)
+#include <wchar.h>
+/* A UTF-8 string as UTF-16, malloc'ed (NULL: not valid UTF-8, or out of memory).
+ * An absolute path of MAX_PATH characters or more gets the \\?\ (or \\?\UNC\)
+ * prefix, so the file APIs and the loader take it without a long-path manifest. */
+wchar_t *coli_widen(const char *s);
+
+/* UTF-16 as UTF-8, malloc'ed; NULL when it cannot be converted. */
+char *coli_narrow(const wchar_t *w);
+#endif
+
 #endif

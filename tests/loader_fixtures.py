@@ -16,6 +16,8 @@ from typing import Any
 
 import jinja2
 
+from toolchain.wine import warm
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "toolchain" / "templates" / "stubs"
 
@@ -101,6 +103,7 @@ class Fixtures:
     root: Path
     app: Path  # the harness and the HIP backend, side by side
     runtimes: dict[str, Path] = field(default_factory=dict)  # "A", "B", "lean" -> runtime file
+    harness_sources: list[Path] = field(default_factory=list)  # what the harness was compiled from
 
     @property
     def harness(self) -> Path:
@@ -121,6 +124,7 @@ class Fixtures:
         argv = [str(self.harness), *args]
         if self.platform.under_wine:
             argv.insert(0, "wine")
+            warm(["wine"])
         proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
         stdout = proc.stdout.decode("utf-8", "replace")
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
@@ -128,6 +132,7 @@ class Fixtures:
             # Every scenario prints its JSON line, pass or fail; none at all under Wine
             # was seen once in a full CI run (not reproduced in 3 x 55 reruns): a Wine
             # start-up hiccup, given one more go. A harness that never prints still fails.
+            warm(["wine"])
             proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
             stdout = proc.stdout.decode("utf-8", "replace")
             lines = [line for line in stdout.splitlines() if line.startswith("{")]
@@ -195,6 +200,7 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
     harness = [ROOT / "tests/c/binding_harness.c", ROOT / "engine/loader.c", ROOT / "engine/hip_binding.c",
                ROOT / "engine/imports.c", ROOT / "engine/json_out.c", ROOT / "engine/utf8.c"]  # fmt: skip
     static = ["-static", "-lshell32"] if platform.windows else ["-ldl"]
-    _cc(platform, *inc, *harness, "-o", fx.harness, *static)
+    _cc(platform, *inc, "-DCOLI_BINDING_FAULTS=1", *harness, "-o", fx.harness, *static)
+    fx.harness_sources = harness
     shutil.rmtree(src)
     return fx

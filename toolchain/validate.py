@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .wine import warm
+
 __all__ = ["VALIDATE_VERSION", "Validation", "format_validation", "run_selftest", "validate_backend", "validate_host"]
 
 VALIDATE_VERSION = 2
@@ -54,6 +56,7 @@ def _engine(
 ) -> _Run:
     argv = [*launcher, str(host), *args, "--json"]
     for _ in range(2 if launcher else 1):
+        warm(launcher)
         try:
             proc = subprocess.run(
                 argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}

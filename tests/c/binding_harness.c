@@ -6,7 +6,12 @@
  *   harness join DIR NAME [posix|windows]       -> the joined path
  *   harness decide OK MAPPED same|different|unknown
  *   harness identity PATH [PATH2]               -> format and whether two paths are one file
- *   harness inventory                           -> distinct mapped runtimes (after --preload)
+ *   harness inventory                           -> the mapped runtimes (after --preload): count, paths
+ *   harness widen PATH (Windows)                -> the path as the loader hands it to Windows
+ *   --fault F (before the command)              -> one of the binding's fault points (hip_binding.h)
+ *   harness refusal CONFIGURED [PATH]...        -> the decision and refusal line for an inventory
+ *                                                  of those paths, from values alone (the mapped
+ *                                                  modules the loaders here cannot make: two of one file)
  *   harness [--release-preloads] [--preload PATH]... open SPEC
  *                                               -> open a backend as the host does; the runtimes
  *                                                  mapped before, after, (without the preloads'
@@ -109,14 +114,22 @@ static void drop_preloads(void) {
     npreloads = 0;
 }
 
+/* What is mapped, as the harness sees it: no fault applies. */
 static int mapped_now(void) {
-    coli_mapped_runtime found[8];
-    return coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, found, 8);
+    coli_runtime_list list;
+    const char *fault = coli_binding_fault;
+    coli_binding_fault = NULL;
+    int rc = coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, &list);
+    coli_binding_fault = fault;
+    int n = rc ? -1 : list.count;
+    coli_runtime_list_free(&list);
+    return n;
 }
 
 int main(int argc, char **argv) {
     argv = coli_args_utf8(&argc, argv);
     int i = 1;
+    if (i + 1 < argc && strcmp(argv[i], "--fault") == 0) coli_binding_fault = argv[i + 1], i += 2;
     if (i < argc && strcmp(argv[i], "--release-preloads") == 0) release_preloads = 1, i++;
     while (i + 1 < argc && strcmp(argv[i], "--preload") == 0) {
         if (!preload(argv[i + 1])) {
@@ -183,8 +196,46 @@ int main(int argc, char **argv) {
         printf("{\"compare\": \"%s\"}\n", coli_file_id_compare(&a, &b) == ID_UNKNOWN ? "unknown" : "compared");
         return 0;
     }
+#if defined(_WIN32)
+    if (!strcmp(cmd, "widen") && i < argc) {
+        wchar_t *w = coli_widen(argv[i]);
+        char *back = w ? coli_narrow(w) : NULL;
+        printf("{\"wide\": ");
+        json_string(stdout, back);
+        printf("}\n");
+        free(back);
+        free(w);
+        return 0;
+    }
+#endif
+    if (!strcmp(cmd, "refusal") && i < argc) {
+        coli_file_id configured;
+        coli_mapped_runtime items[16];
+        coli_runtime_list list = {0, items};
+        char err[4096];
+        if (coli_file_identity(argv[i], FILE_ID_NONE, &configured)) memset(&configured, 0, sizeof configured);
+        for (int k = i + 1; k < argc && list.count < 16; k++, list.count++) {
+            items[list.count].path = argv[k];
+            if (coli_file_identity(argv[k], configured.format, &items[list.count].id))
+                memset(&items[list.count].id, 0, sizeof items[list.count].id);
+        }
+        bind_decision d = coli_bind_judge(&configured, 1, &list);
+        coli_bind_refusal("refusal", argv[i], &configured, 1, &list, d, err, sizeof err);
+        printf("{\"decision\": \"%s\", \"message\": ", coli_bind_decision_name(d));
+        json_string(stdout, err);
+        printf("}\n");
+        return 0;
+    }
     if (!strcmp(cmd, "inventory")) {
-        printf("{\"mapped\": %d}\n", mapped_now());
+        coli_runtime_list list;
+        int rc = coli_runtime_inventory(COLI_HIP_RUNTIME_NAME, FILE_ID_NONE, &list);
+        printf("{\"mapped\": %d, \"paths\": [", rc ? -1 : list.count);
+        for (int k = 0; k < list.count; k++) {
+            if (k) printf(", ");
+            json_string(stdout, list.items[k].path);
+        }
+        printf("]}\n");
+        coli_runtime_list_free(&list);
         return 0;
     }
     if (!strcmp(cmd, "open") && i < argc) {

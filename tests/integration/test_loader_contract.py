@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import need_tool
 from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build, doc_table
+from toolchain.wine import warm
 
 pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
 
@@ -38,8 +39,10 @@ def open_hip(fx: Fixtures, env_dir: str | None, *preload: str) -> dict[str, obje
 
 
 def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
-    """The fake backend exports the whole ABI (plus its test accessor) and imports only
-    the runtime and system libraries; the harness comes from the production loader."""
+    """The fake backend exports the whole ABI (plus its test accessor), undecorated, and
+    imports only the runtime and system libraries."""
+    import re
+
     from tests.conftest import ROOT
     from toolchain.abi import load_abi
     from toolchain.inspect import read_binary
@@ -48,6 +51,8 @@ def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
     backend = read_binary(fx.app / fx.platform.backend)
     assert set(abi.exports) | {"coli_test_bound_runtime"} == set(backend.exports)
     assert len(abi.exports) == 17
+    # no _name@N stdcall decoration, no C++ mangling: the names the loader asks for
+    assert all(re.fullmatch(r"coli_[a-z0-9_]+", name) for name in backend.exports), backend.exports
     if fx.platform.windows:
         assert backend.target == "PE32+ machine 0x8664 DLL"
         assert {i.lower() for i in backend.imports} <= {"amdhip64_7.dll", "kernel32.dll", "msvcrt.dll"}
@@ -56,6 +61,72 @@ def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
         assert set(backend.imports) <= {"libamdhip64.so.5", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"}
     assert fx.platform.runtime in {i.lower() for i in backend.imports} | set(backend.imports)
     assert (fx.root / "src").exists() is False  # rendered sources are removed once built
+
+
+def test_the_stub_runtimes_are_distinct_files(fx: Fixtures) -> None:
+    """Runtimes A, B and the lean one share a file name but not their bytes, and each
+    says which it is: a binding to the wrong one cannot pass for the right one."""
+    blobs = {k: p.read_bytes() for k, p in fx.runtimes.items()}
+    assert len(set(blobs.values())) == len(blobs) == 3
+    assert {p.name for p in fx.runtimes.values()} == {fx.platform.runtime}
+    assert len({p.parent for p in fx.runtimes.values()}) == 3
+    for key in ("A", "B"):
+        r = fx.run("open", "hip", env={"COLI_HIP_RUNTIME_DIR": fx.dir_of(key)})
+        assert r["backend"] == f"hip-stub-{key}", r
+
+
+def _own_literals(fx: Fixtures, gen_dir: Path, src: Path) -> list[str]:
+    """The format strings of `src` itself (not of its headers) as the platform's compiler
+    sees it (its preprocessor, the harness's defines), each split at its fields. Only
+    format strings: a constant one the compiler may write as immediate stores."""
+    import re
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    argv = [fx.platform.cc, "-E", "-std=c11", "-DCOLI_BINDING_FAULTS=1", f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
+            f"-I{ROOT / 'engine'}", str(src)]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    mine, lines = True, []
+    for line in out.splitlines():
+        marker = re.match(r'# \d+ "([^"]+)"', line)
+        if marker:
+            mine = Path(marker.group(1)).name == src.name
+        elif mine:
+            lines.append(line)
+    literals = re.findall(r'"((?:[^"\\\n]|\\.)*)"', "\n".join(lines))
+    return [piece for lit in literals if "\\" not in lit and "%" in lit
+            for piece in re.split(r"%[-0-9.*]*[a-z]+", lit) if len(piece) >= 12]  # fmt: skip
+
+
+def test_the_harness_is_the_production_loader(fx: Fixtures, gen_dir: Path) -> None:
+    """The harness is compiled from the repository's loader and binding sources as they
+    are (no copy, no edit: every message of loader.c and hip_binding.c, as the compiler
+    sees them for this platform, is in the binary) and imports no GPU runtime of its own."""
+    import re
+
+    from tests.conftest import ROOT
+    from toolchain.inspect import read_binary
+
+    production = [ROOT / "engine/loader.c", ROOT / "engine/hip_binding.c", ROOT / "engine/imports.c"]
+    assert all(src in fx.harness_sources for src in production), fx.harness_sources
+    blob = fx.harness.read_bytes()
+    for src in production[:2]:
+        pieces = _own_literals(fx, gen_dir, src)
+        assert len(pieces) >= 10, (src, pieces)
+        missing = [piece for piece in pieces if piece.encode() not in blob]
+        assert not missing, (src.name, missing)
+    imports = {i.lower() for i in read_binary(fx.harness).imports}
+    gpu = [i for i in imports if re.search(r"amdhip|hiprt|cuda|nvcuda|coli_", i)]
+    assert not gpu, imports
+
+
+def test_the_fixture_root_has_a_space_and_non_ascii_letters(fx: Fixtures) -> None:
+    """Every fixture path, the runtimes' folders and the executable's, holds a space and
+    non-ASCII letters, so no path is ever handled as narrow ANSI text or split at spaces."""
+    for path in (fx.root, fx.app, *(p.parent for p in fx.runtimes.values())):
+        text = str(path.relative_to(fx.root.parent))
+        assert " " in text and not text.isascii(), text
 
 
 # ---- the hazard the contract exists for -------------------------------------
@@ -157,7 +228,7 @@ def test_nothing_of_the_backend_runs_before_the_second_check(fx: Fixtures) -> No
         "COLI_TEST_TRACE": fx.platform.host_path(trace),
     }
     r = fx.run("open", "hip", env={**env, "COLI_TEST_MAP_LOADS": fx.platform.host_path(fx.runtimes["B"])})
-    assert r["rc"] == 1 and "after the backend mapped: 2 files named" in str(r["error"]), r
+    assert r["rc"] == 1 and "after the backend mapped: 2 modules named" in str(r["error"]), r
     assert r["backend_mapped_after"] is False and r["mapped_after"] == 1, r  # only B, which the backend loaded
     assert not trace.exists(), trace.read_text()
     r = fx.run("open", "hip", env=env)
@@ -182,10 +253,13 @@ def test_nothing_preloaded_loads_the_configured_one(fx: Fixtures) -> None:
 
 
 def test_unset_and_empty(fx: Fixtures) -> None:
+    """Checked before anything is loaded: neither the runtime nor the backend maps."""
     r = open_hip(fx, None)
     assert r["rc"] == 1 and "COLI_HIP_RUNTIME_DIR is not set" in str(r["error"])
+    assert (r["backend_mapped_after"], r["mapped_after"]) == (False, 0), r
     r = open_hip(fx, "")
     assert r["rc"] == 1 and "is set but empty" in str(r["error"])
+    assert (r["backend_mapped_after"], r["mapped_after"]) == (False, 0), r
 
 
 @pytest.mark.parametrize("value", ["runtime", "./runtime", "../runtime", "rt A/sub"])
@@ -201,6 +275,9 @@ def test_drive_and_root_relative_on_windows(fx: Fixtures) -> None:
         return
     assert "is drive-relative" in str(open_hip(fx, "C:runtime")["error"])
     assert "relative to the current drive's root" in str(open_hip(fx, "\\runtime")["error"])
+    # absolute forms: a share, the long-path and device prefixes, a forward slash
+    for value in ("\\\\server\\share\\rocm", "\\\\?\\C:\\rocm", "C:/rocm", "//server/share"):
+        assert fx.run("form", value, "windows")["form"] == "ok", value
 
 
 def test_missing_file_and_folder_cases(fx: Fixtures) -> None:
@@ -241,7 +318,7 @@ def test_two_runtimes_preloaded_are_refused(fx: Fixtures) -> None:
     r = open_hip(fx, fx.dir_of("A"), "A", "B")
     if r.get("preload_failed"):
         pytest.fail(f"the platform loader refused the second same-named runtime: {r}")
-    assert r["rc"] == 1 and f"2 files named {fx.platform.runtime} are loaded" in str(r["error"]), r
+    assert r["rc"] == 1 and f"2 modules named {fx.platform.runtime} are loaded" in str(r["error"]), r
 
 
 def test_a_hard_link_to_the_configured_file_is_the_same_file(fx: Fixtures) -> None:
@@ -329,6 +406,34 @@ def test_an_invalid_runtime_image_is_refused(fx: Fixtures) -> None:
         assert "Windows error 193" in str(r["error"]), r
 
 
+def test_a_backend_of_another_hip_sdk_is_refused(fx: Fixtures) -> None:
+    """A backend that imports another version's runtime (amdhip64_6.dll, libamdhip64.so.6)
+    than the one this host binds is refused by name, before the binding or any load:
+    the host and the backend come from one package, built against one SDK."""
+    from tests.loader_fixtures import compile_c
+
+    p = fx.platform
+    other = "amdhip64_6.dll" if p.windows else "libamdhip64.so.6"
+    work = fx.root / "sdk six"
+    work.mkdir(exist_ok=True)
+    (work / "rt.c").write_text("char coli_stub_runtime_marker(void) { return '6'; }\n")
+    (work / "uses.c").write_text(
+        "char coli_stub_runtime_marker(void);\nchar coli_six(void) { return coli_stub_runtime_marker(); }\n"
+    )
+    pic = [] if p.windows else ["-fPIC"]
+    compile_c(p, "-shared", *pic, *([] if p.windows else [f"-Wl,-soname,{other}"]), work / "rt.c", "-o", work / other)
+    backend = fx.app / ("coli_six" + Path(p.backend).suffix)
+    compile_c(p, "-shared", *pic, work / "uses.c", "-o", backend, work / other)
+    assert fx.run("imports", p.host_path(backend))["hip"] == other
+    for env_dir in (fx.dir_of("A"), p.host_path(work)):
+        r = fx.run("open", p.host_path(backend), env={"COLI_HIP_RUNTIME_DIR": env_dir})
+        assert r["rc"] == 1 and str(r["error"]) == (
+            f"[HIP] backend {p.host_path(backend)} imports {other}, but this host binds {p.runtime} "
+            "(built against another HIP SDK); use the host and backend of one package"
+        ), r
+        assert (r["backend_mapped_after"], r["mapped_after"]) == (False, 0), r
+
+
 # ---- the backend's own folder, and the other modes ----------------------------
 
 
@@ -390,6 +495,136 @@ def test_decision_table(fx: Fixtures, ok: str, mapped: str, single: str, decisio
     assert fx.run("decide", ok, mapped, single)["decision"] == decision
 
 
+def _matrix_setup(fx: Fixtures, mapped: str) -> tuple[list[str], dict[str, str | None]]:
+    """The preloads and environment for the matrix's "mapped before the binding" cell."""
+    p = fx.platform
+    runtime = {"A": p.host_path(fx.runtimes["A"]), "B": p.host_path(fx.runtimes["B"])}
+    setups: dict[str, tuple[list[str], dict[str, str | None]]] = {
+        "nothing": ([], {}),
+        "A": ([runtime["A"]], {}),
+        "A, by a hard link": ([p.host_path(_hard_link(fx))], {}),
+        "B": ([runtime["B"]], {}),
+        "A and B": ([runtime["A"], runtime["B"]], {}),
+        "nothing; the backend's own load maps B": ([], {"COLI_TEST_MAP_LOADS": runtime["B"]}),
+    }
+    return setups[mapped]
+
+
+@pytest.mark.parametrize(
+    ("case", "mapped", "fault", "decision", "stage"), [tuple(r) for r in doc_table("Decision matrix")]
+)
+def test_decision_matrix(fx: Fixtures, case: str, mapped: str, fault: str, decision: str, stage: str) -> None:
+    """The seed's twelve binding cases (docs/binding.md), each a real binding in its own
+    process: what is mapped, which system call fails, the decision and where it is made.
+    A refusal names the stage, the configured file, every mapped module and the decision,
+    leaves the runtime references as they were and the backend unmapped."""
+    preloads, env = _matrix_setup(fx, mapped)
+    args = [*(["--fault", fault] if fault != "-" else []), *(a for p in preloads for a in ("--preload", p))]
+    r = fx.run(*args, "open", "hip", env={"COLI_HIP_RUNTIME_DIR": fx.dir_of("A"), **env})
+    if decision in ("load", "reuse"):
+        assert r["ok"] is True and r["backend"] == "hip-stub-A" and r["reused"] is (decision == "reuse"), r
+        assert r["mapped_after_close"] == r["mapped_before"], r
+        return
+    error = str(r["error"])
+    assert r["rc"] == 1 and error.startswith(f"[HIP] {stage}: ") and error.endswith(f"[{decision}]"), r
+    assert f"the configured {fx.platform.host_path(fx.runtimes['A'])}" in error or (
+        f"the configured one is {fx.platform.host_path(fx.runtimes['A'])}" in error
+    ), r
+    if decision in ("reject-different", "reject-multiple"):
+        assert all(p in error for p in preloads), r
+    assert r["backend_mapped_after"] is False, r
+    assert r["mapped_after"] == r["mapped_before"] + ("COLI_TEST_MAP_LOADS" in env), r
+
+
+def test_the_fault_points_are_test_builds_only(fx: Fixtures) -> None:
+    """A host is built without the fault points: the production objects hold none of
+    their names, and a fault given to a harness that has them changes only what it says."""
+    from tests.conftest import ROOT
+
+    source = (ROOT / "engine/hip_binding.c").read_text()
+    assert "#if defined(COLI_BINDING_FAULTS)" in source and "#define fault(name) 0" in source
+    r = fx.run("--fault", "no-such-fault", "open", "hip", env={"COLI_HIP_RUNTIME_DIR": fx.dir_of("A")})
+    assert r["ok"] is True, r
+
+
+def test_two_modules_of_one_file_are_two(fx: Fixtures) -> None:
+    """The seed counts modules, not files: a file and its hard link listed as two mapped
+    modules are reject-multiple, and the line says they are one file (on values: the
+    loaders here never map one file twice, see test_inventory_counts_modules)."""
+    a, b = fx.platform.host_path(fx.runtimes["A"]), fx.platform.host_path(fx.runtimes["B"])
+    link = fx.platform.host_path(_hard_link(fx))
+    r = fx.run("refusal", a, a, link)
+    assert r["decision"] == "reject-multiple", r
+    assert f"2 modules named {fx.platform.runtime} are loaded ({a}; {link} (both of them are one file))" in r["message"]
+    r = fx.run("refusal", a, a, b)
+    assert r["decision"] == "reject-multiple" and "one file" not in r["message"], r
+    assert [fx.run("refusal", a, *m)["decision"] for m in ([], [a], [link], [b])] == [
+        "load",
+        "reuse",
+        "reuse",
+        "reject-different",
+    ]
+
+
+def test_the_identity_fallback_is_symmetric(fx: Fixtures) -> None:
+    """Without FILE_ID_INFO (no-file-id-info), both sides fall back to the legacy volume
+    serial and file index: the configured file and every mapped module are read the same
+    way, so the binding still tells A from B and A from its hard link. With the extended
+    id on one side only (the fault from the first inventory on), they are never compared:
+    reject-unverifiable. Linux has one kind (st_dev, st_ino), which the fault leaves alone."""
+    a, b = fx.platform.host_path(fx.runtimes["A"]), fx.platform.host_path(fx.runtimes["B"])
+    link = fx.platform.host_path(_hard_link(fx))
+    legacy = ["--fault", "no-file-id-info"]
+    kind = "legacy" if fx.platform.windows else "posix"
+    assert fx.run(*legacy, "identity", a, a) == {**fx.run(*legacy, "identity", a, a), "format": kind, "compare": "same"}
+    assert fx.run(*legacy, "identity", a, b)["compare"] == "different"
+    assert fx.run(*legacy, "identity", a, link)["compare"] == "same"
+    env: dict[str, str | None] = {"COLI_HIP_RUNTIME_DIR": fx.dir_of("A")}
+    reuse = fx.run(*legacy, "--preload", a, "open", "hip", env=env)
+    assert reuse["ok"] is True and reuse["reused"] is True, reuse
+    other = fx.run(*legacy, "--preload", b, "open", "hip", env=env)
+    assert str(other.get("error")).endswith("[reject-different]"), other
+    load = fx.run(*legacy, "open", "hip", env=env)
+    assert load["ok"] is True and load["reused"] is False, load
+    one_side = fx.run("--fault", "no-file-id-info@1", "--preload", a, "open", "hip", env=env)
+    if fx.platform.windows:
+        assert str(one_side.get("error")).endswith("cannot be read), the configured one is "
+                                                   f"{a} [reject-unverifiable]"), one_side  # fmt: skip
+    else:
+        assert one_side["ok"] is True and one_side["reused"] is True, one_side
+
+
+def test_paths_beyond_max_path(fx: Fixtures) -> None:
+    """The production binding and loader, not only the join helper, past MAX_PATH: the
+    executable, its backend and the configured runtime in folders deeper than 260
+    characters bind, reuse and refuse as anywhere else."""
+    import shutil
+
+    p = fx.platform
+    deep = fx.root / "deep" / "/".join(f"long segment ü {i:02d}" for i in range(14))
+    app, rt = deep / "app", deep / "rt"
+    app.mkdir(parents=True, exist_ok=True)
+    rt.mkdir(exist_ok=True)
+    for f in (fx.harness, fx.app / p.backend):
+        shutil.copy2(f, app / f.name)
+    shutil.copy2(fx.runtimes["A"], rt / p.runtime)
+    runtime = p.host_path(rt / p.runtime)
+    assert len(runtime) > 260 and len(p.host_path(app / p.backend)) > 260
+    deep_fx = Fixtures(p, fx.root, app, {"A": rt / p.runtime})
+    env: dict[str, str | None] = {"COLI_HIP_RUNTIME_DIR": p.host_path(rt)}
+    loaded = deep_fx.run("open", "hip", env=env)
+    assert loaded["ok"] is True and loaded["backend"] == "hip-stub-A" and loaded["runtime"] == runtime, loaded
+    reused = deep_fx.run("--preload", runtime, "open", "hip", env=env)
+    assert reused["ok"] is True and reused["reused"] is True, reused
+    refused = deep_fx.run("--preload", p.host_path(fx.runtimes["B"]), "open", "hip", env=env)
+    assert str(refused.get("error")).endswith(f"not the configured {runtime} [reject-different]"), refused
+    if p.windows:  # what Windows needs past MAX_PATH (Wine takes either form)
+        assert deep_fx.run("widen", runtime)["wide"] == "\\\\?\\" + runtime
+        assert deep_fx.run("widen", "C:\\short\\x.dll")["wide"] == "C:\\short\\x.dll"
+        share = "\\\\server\\share\\" + "d" * 300
+        assert deep_fx.run("widen", share)["wide"] == "\\\\?\\UNC\\server\\share\\" + "d" * 300
+
+
 def test_identity(fx: Fixtures) -> None:
     a, b = fx.platform.host_path(fx.runtimes["A"]), fx.platform.host_path(fx.runtimes["B"])
     assert fx.run("identity", a, a)["compare"] == "same"
@@ -424,6 +659,7 @@ def test_inventory_counts_modules(fx: Fixtures) -> None:
     assert fx.run("--preload", a, "--preload", b, "inventory")["mapped"] == 2
     alias = fx.platform.host_path(_hard_link(fx))
     assert fx.run("--preload", a, "--preload", alias, "inventory")["mapped"] == 1
+    assert fx.run("--preload", a, "--preload", b, "inventory")["paths"] == [a, b]
 
 
 def _hard_link(fx: Fixtures) -> Path:
@@ -494,6 +730,7 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
     ids = ",".join(map(str, exp["ids"]))
     env = {**os.environ, "WINEDEBUG": "-all", "COLI_HIP_RUNTIME_DIR": fx.dir_of("A")}
     launcher = ["wine"] if p.under_wine else []
+    warm(launcher)
     for quant in ("f32", "int4"):
         base = [
             *launcher,
@@ -515,6 +752,16 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
         assert h["tf_pred"] == c["tf_pred"]
         if quant == "f32":
             assert h["tf_pred"] == exp["tf_pred"]
+    # a refusal is one line, and the run goes on on the CPU with the same tokens
+    unset = {k: v for k, v in env.items() if k != "COLI_HIP_RUNTIME_DIR"}
+    r = subprocess.run([*base, "--backend", "hip"], capture_output=True, env=unset, timeout=300)
+    lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert r.returncode == 0 and lines == [
+        f"[HIP] COLI_HIP_RUNTIME_DIR is not set; set it to the folder holding {p.runtime}; "
+        "GPU tier disabled (CPU path remains active)"
+    ], lines
+    data = json.loads(r.stdout)
+    assert data["backend"] is None and data["tf_pred"] == c["tf_pred"], data
     # the configured runtime is the one bound: configure B and the backend reports B
     env["COLI_HIP_RUNTIME_DIR"] = fx.dir_of("B")
     r = subprocess.run([*launcher, str(host), "--model", p.host_path(model), "--ids", ids, "--teacher-force", "--json",
