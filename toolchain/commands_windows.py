@@ -15,12 +15,15 @@ __all__ = ["hip_environment", "windows_cuda_argv", "windows_hip_argv"]
 
 def hip_environment(sdk: WinHipSdk, msvc: Msvc, tmp: PureWindowsPath, system_root: str) -> dict[str, str | None]:
     """The HIP compile's environment: vcvarsall's, HIP_PATH = the selected SDK, the
-    other ROCm steering variables removed (None), System32 on PATH, and a writable
+    other ROCm steering variables removed (None) but HIP_CLANG_PATH = the SDK's clang++
+    folder for the hipcc driver, System32 on PATH, and a writable
     build-local TMP/TEMP/TMPDIR (MSYS2 shells often leave them unset)."""
     env: dict[str, str | None] = dict(msvc.env)
     for name in ROCM_VARIABLES:
         env[name] = None
     env["HIP_PATH"] = str(sdk.root)
+    if sdk.compiler_kind == "hipcc" and sdk.clang_dir is not None:
+        env["HIP_CLANG_PATH"] = str(sdk.clang_dir)  # the driver runs this SDK's clang++, not one on Path
     path = env.get("Path") or env.get("PATH") or ""
     system32 = f"{system_root}\\System32"
     parts = [str(sdk.bin_dir), *(p for p in path.split(";") if p)]

@@ -176,6 +176,15 @@ class Toolchains:
             for key in ("bin_dir", "include_dir", "lib_dir", "device_lib_dir"):
                 rows.append(Component(f"hip {key.replace('_', ' ')}", str(getattr(h, key)), "", h.sources[key]))
             rows.append(Component("hip arches", str(h.device_lib_dir), " ".join(h.available_arches()), "device libs"))
+        w = self.win_hip
+        if isinstance(w, Missing):
+            add("windows hip sdk", w, "", "", "")
+        elif w is not None:
+            rows.append(Component("windows hip sdk", str(w.root), w.version, w.sources["root"]))
+            rows.append(Component(f"hip compiler ({w.compiler_kind})", str(w.compiler), w.compiler_note,
+                                  w.sources["compiler"]))  # fmt: skip
+            rows.append(Component("hip runtime", str(w.bin_dir / w.runtime_dll), w.runtime_dll, "the SDK's bin"))
+            rows.append(Component("windows hip arches", str(w.device_lib_dir), " ".join(w.available), "device libs"))
         return rows
 
 

@@ -121,6 +121,29 @@ class Plan:
         assert isinstance(self.toolchains.win_hip, WinHipSdk)
         return self.toolchains.win_hip
 
+    def build_machine_paths(self) -> list[str]:
+        """The folders no artifact may name (verify's leak check): the checkout, the build
+        folder, the SDK roots (the Linux HIP SDK, CUDA, and on a Windows build host the
+        Windows HIP SDK with each component found apart from its root), and the MSVC
+        install with its toolset folder. System prefixes (/usr, ...) are left out: they
+        hold nothing of this build machine's own."""
+        paths = [str(self.root), str(self.build_dir)]
+        tc = self.toolchains
+        for sdk_root in (getattr(tc.hip, "root", None), getattr(tc.cuda, "home", None)):
+            if sdk_root is not None and str(sdk_root) not in ("/", "/usr", "/usr/local"):
+                paths.append(str(sdk_root))
+        win = tc.win_hip
+        if isinstance(win, WinHipSdk):
+            parts = (win.root, win.bin_dir, win.include_dir, win.lib_dir, win.device_lib_dir, win.clang_dir)
+            paths += [str(p) for p in parts if p is not None and win.root not in (p, *p.parents)]
+            paths.append(str(win.root))
+        if self.msvc is not None:
+            paths.append(str(self.msvc.install.path))
+            tools = self.msvc.env.get("VCToolsInstallDir", "").rstrip("\\")
+            if tools and not tools.lower().startswith(str(self.msvc.install.path).lower()):
+                paths.append(tools)
+        return paths
+
     @property
     def msvc_env(self) -> dict[str, str]:
         """The pinned MSVC's environment, on a Windows build host building a GPU backend."""

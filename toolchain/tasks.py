@@ -145,12 +145,7 @@ class _Graph:
         return self.plan.fingerprint(api)
 
     def forbidden_paths(self) -> list[str]:
-        paths = [str(self.root), str(self.plan.build_dir)]
-        tc = self.plan.toolchains
-        for sdk_root in (getattr(tc.hip, "root", None), getattr(tc.cuda, "home", None)):
-            if sdk_root is not None and str(sdk_root) not in ("/", "/usr", "/usr/local"):
-                paths.append(str(sdk_root))
-        return paths
+        return self.plan.build_machine_paths()
 
     # ---- tasks -----------------------------------------------------------
     def task_host(self) -> Iterator[dict[str, Any]]:

@@ -75,14 +75,26 @@ def _outside(names: Iterable[str], patterns: tuple[str, ...], fold: bool) -> lis
     return sorted(n for n in names if not any(fnmatch.fnmatchcase(norm(n), norm(p)) for p in patterns))
 
 
+_WINDOWS_PATH = re.compile(r"^(?:[A-Za-z]:|\\\\)[\\/]?")
+
+
+def _spellings(text: str) -> set[str]:
+    """A Windows path as a binary may hold it: either separator (case is folded by the
+    caller); any other path as it is."""
+    if not _WINDOWS_PATH.match(text):
+        return {text}
+    return {text.replace("/", "\\").lower(), text.replace("\\", "/").lower()}
+
+
 def _leaks(path: Path, forbidden: Iterable[str]) -> list[str]:
     data = path.read_bytes()
+    folded = data.lower()  # ASCII letters only, in UTF-8 and UTF-16 alike
     found = []
     for text in sorted(set(forbidden)):
-        for enc in ("utf-8", "utf-16-le"):
-            if text and text.encode(enc) in data:
-                found.append(text)
-                break
+        windows = bool(_WINDOWS_PATH.match(text))
+        haystack = folded if windows else data
+        if text and any(s.encode(enc) in haystack for s in _spellings(text) for enc in ("utf-8", "utf-16-le")):
+            found.append(text)
     return found
 
 

@@ -43,6 +43,9 @@ class WinHipSdk:
     arch_tool: PureWindowsPath | None  # amdgpu-arch.exe or hipInfo.exe: arch=native needs one
     available: tuple[str, ...] = ()  # gfx targets with a device library
     sources: Mapping[str, str] = field(default_factory=dict)
+    compiler_kind: str = "clang++"  # or "hipcc": the SDK's driver, which runs its clang++
+    clang_dir: PureWindowsPath | None = None  # the SDK's clang++ folder (HIP_CLANG_PATH for hipcc)
+    compiler_note: str = ""  # which compiler is used, and why (doit toolchain says it)
 
     @property
     def location(self) -> str:
@@ -105,9 +108,12 @@ def find_windows_hip(
         "lib_dir": pick("lib_dir", cfg.lib_dir, [root / "lib"], "amdhip64.lib"),
         "device_lib_dir": pick("device_lib_dir", cfg.device_lib_dir,
                                [root / "amdgcn" / "bitcode", llvm / "amdgcn" / "bitcode", *clang_libs], "ocml.bc"),
-        "compiler": pick("compiler", cfg.compiler and str(_norm(cfg.compiler).parent),
-                         [root / "bin", llvm / "bin"], "clang++.exe"),
+        # the SDK's own clang++: the compiler, or the one a hipcc driver runs
+        "compiler": pick("compiler", None, [root / "bin", llvm / "bin"], "clang++.exe"),
     }  # fmt: skip
+    configured = _norm(cfg.compiler) if cfg.compiler else None
+    if isinstance(parts["compiler"], Missing) and configured and configured.stem.lower() != "hipcc":
+        parts["compiler"] = configured.parent  # a clang++ of its own: the SDK needs none
     for v in parts.values():
         if isinstance(v, Missing):
             return v
@@ -117,7 +123,10 @@ def find_windows_hip(
     assert isinstance(bin_dir, PureWindowsPath) and isinstance(devlib, PureWindowsPath)
     assert isinstance(include, PureWindowsPath) and isinstance(lib, PureWindowsPath)
     assert isinstance(compiler_dir, PureWindowsPath)
-    compiler = _norm(cfg.compiler) if cfg.compiler else compiler_dir / "clang++.exe"
+    chosen = _compiler(cfg.compiler, origin, compiler_dir, probe, sources)
+    if isinstance(chosen, Missing):
+        return chosen
+    compiler, kind, note = chosen
     runtimes = sorted(n for n in probe.listdir(bin_dir) if re.fullmatch(r"amdhip64_\d+\.dll", n.lower()))
     if not runtimes:
         return Missing("hip runtime", f"no amdhip64_<N>.dll in {bin_dir}", HINT)
@@ -133,4 +142,28 @@ def find_windows_hip(
     )
     tool = next((bin_dir / t for t in ("amdgpu-arch.exe", "hipInfo.exe") if probe.exists(bin_dir / t)), None)
     return WinHipSdk(root, bin_dir, include, lib, devlib, compiler, m.group(1) if m else "unknown", runtimes[-1],
-                     tool, available, sources)  # fmt: skip
+                     tool, available, sources, kind, compiler_dir, note)  # fmt: skip
+
+
+def _compiler(
+    configured: str | None,
+    origin: Callable[[str], str],
+    clang_dir: PureWindowsPath,
+    probe: Probe,
+    sources: dict[str, str],
+) -> tuple[PureWindowsPath, str, str] | Missing:
+    """HIPCC (hip.compiler) as the seed means it, the SDK's hipcc driver, or a clang++;
+    unset, the SDK's clang++. Returns the compiler, its kind and why it is used."""
+    if not configured:
+        return (clang_dir / "clang++.exe", "clang++",
+                "the SDK's clang++, run directly: every path the compile uses is on its command line")  # fmt: skip
+    path, sources["compiler"] = _norm(configured), origin("hip.compiler")
+    if not probe.exists(path):
+        return Missing("hip compiler", f"{path} ({sources['compiler']}) does not exist", HINT)
+    stem = path.stem.lower()
+    if stem == "hipcc":
+        return (path, "hipcc", f"{sources['compiler']} names the hipcc driver, as the seed's build does; it runs "
+                f"the SDK's clang++ ({clang_dir}, given as HIP_CLANG_PATH) with the same flags")  # fmt: skip
+    if stem.startswith("clang++") or stem.endswith("clang++"):
+        return path, "clang++", f"{sources['compiler']} names a clang++, run directly with the SDK's paths"
+    return Missing("hip compiler", f"{path} ({sources['compiler']}) is neither hipcc nor a clang++", HINT)

@@ -112,3 +112,24 @@ def test_version_probes_are_cached_by_tool_identity(tmp_path: Path) -> None:
     assert again.run(tool, "--version") == "v1\n"
     script(tool, "v2.0.1")  # a new tool at the same path (size and mtime change): asked again
     assert again.run(tool, "--version") == "v2.0.1\n"
+
+
+def test_the_runtime_name_is_the_sdks_soname(tmp_path: Path) -> None:
+    """ROCm 5, 6 and 7 each install libamdhip64.so as a link to libamdhip64.so.<major>.<...>,
+    whose DT_SONAME (libamdhip64.so.5, .6, .7) is what a backend records in DT_NEEDED and so
+    what the host's binding must look for: read from a real ELF object built here."""
+    import subprocess
+
+    from tests.conftest import need_tool
+
+    need_tool("gcc")
+    (tmp_path / "rt.c").write_text("int hipInit(unsigned f) { return (int)f; }\n")
+    for major in (5, 6, 7):
+        root = hip_sdk(tmp_path / f"rocm-{major}", version=(major, 2, 0))
+        real = root / f"lib/libamdhip64.so.{major}.2.0"
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,libamdhip64.so.{major}", str(tmp_path / "rt.c"),
+                        "-o", str(real)], check=True)  # fmt: skip
+        (root / "lib/libamdhip64.so").unlink()
+        (root / "lib/libamdhip64.so").symlink_to(real.name)
+        hip, _ = _discover(tmp_path, {"HIP_SDK_ROOT": str(root)})
+        assert isinstance(hip, HipSdk) and hip.runtime_name == f"libamdhip64.so.{major}", hip

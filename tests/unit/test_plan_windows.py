@@ -49,16 +49,20 @@ def test_windows_host_builds_the_hip_dll_with_the_sdk_and_msvc(tmp_path: Path) -
     assert cmd.env["VCToolsVersion"] == "14.44.35207"
 
 
-@pytest.mark.parametrize("which", ["amd-6.4", "therock-7"])
-def test_the_host_binds_the_runtime_its_sdk_links(tmp_path: Path, which: str) -> None:
+@pytest.mark.parametrize(
+    ("which", "want"),
+    [("amd-6.2", "amdhip64_6.dll"), ("amd-6.4", "amdhip64_6.dll"), ("amd-7.1", "amdhip64_7.dll"),
+     ("therock-7", "amdhip64_7.dll")],
+)  # fmt: skip
+def test_the_host_binds_the_runtime_its_sdk_links(tmp_path: Path, which: str, want: str) -> None:
     """The runtime's name comes from the SDK that builds the HIP backend (HIP SDK 6.x:
     amdhip64_6.dll; 7.x and TheRock: amdhip64_7.dll), rendered into the host."""
-    from tests.unit.test_windows_build import AMD_PROBE
+    from tests.unit.test_windows_build import SDKS
     from toolchain.commands import host_command
 
-    sdk = find({"HIP_PATH": str(AMD)}, AMD_PROBE) if which == "amd-6.4" else None
-    plan = windows_plan(tmp_path, {"arch": "gfx1151"}, sdk=sdk)
-    want = "amdhip64_6.dll" if which == "amd-6.4" else "amdhip64_7.dll"
+    root, probe = SDKS[which]
+    sdk = find({"HIP_PATH": str(root)}, probe)
+    plan = windows_plan(tmp_path, {"arch": "gfx1030" if which == "amd-6.2" else "gfx1151"}, sdk=sdk)
     assert plan.win_hip.runtime_dll == want
     (compile_main, *_) = host_command(plan, plan.host_exe).before
     assert f'-DCOLI_HIP_RUNTIME_NAME="{want}"' in compile_main
@@ -75,8 +79,16 @@ def test_missing_msvc_is_an_error_when_asked_for(tmp_path: Path) -> None:
 
 
 def test_native_uses_the_sdks_arch_tool(tmp_path: Path) -> None:
+    """A local arch=native build resolves the GPU's arch, and build-info.json records that
+    arch, never "native"."""
+    from toolchain.package import build_info
+    from toolchain.revision import Revision
+
     plan = windows_plan(tmp_path, {"arch": "native"}, tool_output="gfx1151\\n")
     assert plan.backends[0].arches == ("gfx1151",)
+    info = build_info(name="p", version="1", spec=plan.backends[0], abi="1.0", revision=Revision("x", False, 0),
+                      toolchain={}, verify={}, validate={})  # fmt: skip
+    assert info["arches"] == ["gfx1151"]
     with pytest.raises(ToolchainError, match="arch=native: no GPU found by"):
         windows_plan(tmp_path, {"arch": "native"}, tool_output="")
 
@@ -137,3 +149,20 @@ def test_windows_hip_package_contents(tmp_path: Path) -> None:
     assert names == ["README-hip-runtime.txt", "SHA256SUMS", "build-info.json", "coli.exe", "coli_hip.dll"]
     assert "amdhip64_7.dll" in readme and r"set COLI_HIP_RUNTIME_DIR=C:\Program Files\AMD\ROCm" in readme
     assert "HIP SDK 7.14.60850-9b8f2a51 built it" in readme and "resident_tensors" in readme
+
+
+def test_the_leak_check_covers_the_windows_sdk_and_msvc(tmp_path: Path) -> None:
+    """verify refuses an artifact naming the checkout, the build folder, the Windows HIP SDK
+    (with a component found outside its root) or the MSVC install and its toolset folder."""
+    from dataclasses import replace as with_
+
+    plan = windows_plan(tmp_path, {"arch": "gfx1151"})
+    paths = plan.build_machine_paths()
+    assert str(tmp_path) in paths and r"C:\TheRock\build" in paths
+    assert str(plan.msvc.install.path) in paths
+    tools = "D:\\BuildTools\\VC\\Tools\\MSVC\\14.44.35207\\"  # a toolset installed apart from the IDE
+    moved = with_(plan, msvc=with_(plan.msvc, env={**plan.msvc.env, "VCToolsInstallDir": tools}))
+    assert tools.rstrip("\\") in moved.build_machine_paths()
+    outside = with_(plan.win_hip, device_lib_dir=AMD / "amdgcn" / "bitcode")
+    split = windows_plan(tmp_path, {"arch": "gfx1151"}, sdk=outside)
+    assert str(AMD / "amdgcn" / "bitcode") in split.build_machine_paths()

@@ -204,3 +204,24 @@ def test_the_host_must_bind_what_the_hip_backend_imports(hip_lib: Path, tmp_path
     assert not check.ok and check.detail == "host binds libamdhip64.so.6; backend imports libamdhip64.so.5"
     host.write_bytes(b"\x7fELF... no runtime named here")
     assert runtime_agreement(host, hip_lib).detail == "host binds no HIP runtime; backend imports libamdhip64.so.5"
+
+
+@pytest.mark.parametrize(
+    ("embedded", "wide"),
+    [("c:/program files/amd/rocm/6.4/include/hip", False), ("C:\\\\PROGRAM FILES\\\\AMD\\\\ROCM\\\\6.4\\\\bin", True)],
+)
+def test_a_windows_sdk_path_leaks_in_any_spelling(gen_dir: Path, tmp_path: Path, embedded: str, wide: bool) -> None:
+    """Windows paths are matched without case and with either separator, in UTF-8 and
+    UTF-16: a DLL holding the HIP SDK's root in another spelling still fails."""
+    leak = tmp_path / "leak.c"
+    leak.write_text(
+        f'#include <wchar.h>\nconst {"wchar_t" if wide else "char"} *coli_where = {"L" if wide else ""}"{embedded}";\n'
+    )
+    dll = pe_ref(gen_dir, tmp_path / "coli_ref.dll", str(gen_dir / "coli_backend.def"), str(leak))
+    sdk = r"C:\Program Files\AMD\ROCm\6.4"
+    ok, detail = check(
+        verify_artifact(dll, "ref", ABI, (), [sdk, r"C:\Program Files\Microsoft Visual Studio"]), "paths"
+    )
+    assert not ok and detail == f"embeds {sdk}", detail
+    ok, _ = check(verify_artifact(dll, "ref", ABI, (), [r"C:\Program Files\AMD\ROCm\7.1"]), "paths")
+    assert ok

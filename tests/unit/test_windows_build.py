@@ -48,6 +48,13 @@ def find(env: dict[str, str], probe: Probe) -> WinHipSdk | Missing:
 
 AMD_PROBE = probe_for({AMD: "amd-hip-sdk-6.4.txt"}, {AMD / "bin/hipcc.exe": "hipcc-version-6.4.txt"})
 ROCK_PROBE = probe_for({ROCK: "therock-7.txt"}, {ROCK / "bin/hipcc.exe": "hipcc-version-therock.txt"})
+AMD62, AMD71 = AMD.parent / "6.2", AMD.parent / "7.1"
+SDKS = {
+    "amd-6.2": (AMD62, probe_for({AMD62: "amd-hip-sdk-6.2.txt"}, {AMD62 / "bin/hipcc.exe": "hipcc-version-6.2.txt"})),
+    "amd-6.4": (AMD, AMD_PROBE),
+    "amd-7.1": (AMD71, probe_for({AMD71: "amd-hip-sdk-7.1.txt"}, {AMD71 / "bin/hipcc.exe": "hipcc-version-7.1.txt"})),
+    "therock-7": (ROCK, ROCK_PROBE),
+}
 
 
 def test_amd_installer_layout_found_without_any_setting() -> None:
@@ -58,6 +65,26 @@ def test_amd_installer_layout_found_without_any_setting() -> None:
     assert sdk.runtime_dll == "amdhip64_6.dll" and sdk.arch_tool == AMD / "bin/hipInfo.exe"
     assert sdk.supports("gfx1151") and not sdk.supports("gfx90a")
     assert sdk.sources["root"] == r"newest in C:\Program Files\AMD\ROCm"
+
+
+@pytest.mark.parametrize(
+    ("which", "version", "runtime", "compiler", "devlib"),
+    [("amd-6.2", "6.2.41512-db3292736", "amdhip64_6.dll", "bin/clang++.exe", "amdgcn/bitcode"),
+     ("amd-7.1", "7.1.25424-4179531dcd", "amdhip64_7.dll", "lib/llvm/bin/clang++.exe", "lib/llvm/amdgcn/bitcode")],
+)  # fmt: skip
+def test_each_installer_layout(which: str, version: str, runtime: str, compiler: str, devlib: str) -> None:
+    """The 6.2 installer keeps clang++ and the device libraries at the root, as 6.4 does;
+    the 7.x one, built from TheRock, under lib\\llvm. Each names its own runtime."""
+    root, probe = SDKS[which]
+    sdk = find({}, probe)
+    assert isinstance(sdk, WinHipSdk) and sdk.root == root and sdk.version == version
+    assert sdk.runtime_dll == runtime and sdk.compiler == root / compiler and sdk.device_lib_dir == root / devlib
+
+
+def test_the_newest_installed_sdk_is_found() -> None:
+    trees = {AMD62: "amd-hip-sdk-6.2.txt", AMD: "amd-hip-sdk-6.4.txt", AMD71: "amd-hip-sdk-7.1.txt"}
+    sdk = find({}, probe_for(trees, {}))
+    assert isinstance(sdk, WinHipSdk) and sdk.root == AMD71 and sdk.runtime_dll == "amdhip64_7.dll"
 
 
 def test_therock_layout_from_hip_path_with_forward_slashes() -> None:
@@ -132,3 +159,47 @@ def test_cuda_dll_command_golden(arches: tuple[str, ...]) -> None:
     codes = [argv[i + 1] for i, a in enumerate(argv) if a == "-gencode"]
     assert codes[-1] == f"arch=compute_{arches[-1][3:]},code=[{arches[-1]},compute_{arches[-1][3:]}]"
     assert argv[-2:] == ["-o", r"D:\src\coli\out\coli_cuda.dll"]
+
+
+def test_hipcc_may_name_the_hipcc_driver() -> None:
+    """HIPCC as the seed means it: the SDK's hipcc driver. It is used as the compiler, runs
+    this SDK's clang++ (HIP_CLANG_PATH, not one on Path), and `doit toolchain` says so."""
+    from toolchain.discover import Toolchains
+
+    sdk = find({"HIP_PATH": "C:/TheRock/build", "HIPCC": r"C:\TheRock\build\bin\hipcc.exe"}, ROCK_PROBE)
+    assert isinstance(sdk, WinHipSdk)
+    assert (sdk.compiler, sdk.compiler_kind, sdk.clang_dir) == (ROCK / "bin/hipcc.exe", "hipcc", ROCK / "lib/llvm/bin")
+    assert "hipcc driver" in sdk.compiler_note and "env HIPCC" in sdk.compiler_note
+    src = PureWindowsPath(r"D:\src\coli")
+    argv = windows_hip_argv(sdk, ("gfx1151",), src, src / "build/gen", src / "out/coli_hip.dll", ("-O2",))
+    assert argv[0] == r"C:\TheRock\build\bin\hipcc.exe" and "--offload-arch=gfx1151" in argv
+    env = hip_environment(sdk, msvc(), PureWindowsPath(r"D:\src\coli\build\tmp\hip"), r"C:\Windows")
+    assert env["HIP_CLANG_PATH"] == r"C:\TheRock\build\lib\llvm\bin" and env["HIP_PATH"] == str(ROCK)
+    gone = Missing("x", "not here", "")
+    rows = {c.name: c for c in Toolchains(gone, gone, gone, gone, gone, win_hip=sdk).components()}
+    row = rows["hip compiler (hipcc)"]
+    assert row.path == r"C:\TheRock\build\bin\hipcc.exe" and "hipcc driver" in row.version
+    assert rows["hip runtime"].version == "amdhip64_7.dll"
+
+
+def test_hipcc_may_name_a_clang() -> None:
+    clang = find({"HIP_PATH": "C:/TheRock/build", "HIPCC": r"C:\TheRock\build\lib\llvm\bin\clang++.exe"}, ROCK_PROBE)
+    assert (
+        isinstance(clang, WinHipSdk) and clang.compiler_kind == "clang++" and "names a clang++" in clang.compiler_note
+    )
+    unset = find({"HIP_PATH": "C:/TheRock/build"}, ROCK_PROBE)
+    assert isinstance(unset, WinHipSdk) and unset.compiler_kind == "clang++" and "run directly" in unset.compiler_note
+    env = hip_environment(unset, msvc(), PureWindowsPath(r"D:\tmp"), r"C:\Windows")
+    assert env["HIP_CLANG_PATH"] is None
+
+
+@pytest.mark.parametrize(
+    ("hipcc", "words"),
+    [
+        (r"C:\TheRock\build\bin\nothere.exe", "does not exist"),
+        (r"C:\TheRock\build\bin\amdgpu-arch.exe", "neither hipcc"),
+    ],
+)
+def test_a_wrong_hipcc_is_named(hipcc: str, words: str) -> None:
+    sdk = find({"HIP_PATH": "C:/TheRock/build", "HIPCC": hipcc}, ROCK_PROBE)
+    assert isinstance(sdk, Missing) and hipcc in sdk.reason and "(env HIPCC)" in sdk.reason and words in sdk.reason
