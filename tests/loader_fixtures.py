@@ -72,7 +72,7 @@ def doc_table(section: str) -> list[list[str]]:
         if line.startswith("## "):
             break
         if line.startswith("|"):
-            rows.append([c.strip().strip("`") for c in line.strip().strip("|").split("|")])
+            rows.append([c.strip().replace("`", "") for c in line.strip().strip("|").split("|")])
         elif rows:
             break
     return rows[2:]

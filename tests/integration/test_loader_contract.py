@@ -406,15 +406,17 @@ def test_an_invalid_runtime_image_is_refused(fx: Fixtures) -> None:
         assert "Windows error 193" in str(r["error"]), r
 
 
-def test_a_backend_of_another_hip_sdk_is_refused(fx: Fixtures) -> None:
-    """A backend that imports another version's runtime (amdhip64_6.dll, libamdhip64.so.6)
-    than the one this host binds is refused by name, before the binding or any load:
-    the host and the backend come from one package, built against one SDK."""
+def _other_sdk_backend(fx: Fixtures) -> tuple[Path, Path, str]:
+    """A backend linked against another version's runtime (amdhip64_6.dll, libamdhip64.so.6)
+    than the fixtures' host binds: the backend, that runtime's folder and its name."""
     from tests.loader_fixtures import compile_c
 
     p = fx.platform
     other = "amdhip64_6.dll" if p.windows else "libamdhip64.so.6"
     work = fx.root / "sdk six"
+    backend = fx.app / ("coli_six" + Path(p.backend).suffix)
+    if backend.exists():
+        return backend, work, other
     work.mkdir(exist_ok=True)
     (work / "rt.c").write_text("char coli_stub_runtime_marker(void) { return '6'; }\n")
     (work / "uses.c").write_text(
@@ -422,8 +424,16 @@ def test_a_backend_of_another_hip_sdk_is_refused(fx: Fixtures) -> None:
     )
     pic = [] if p.windows else ["-fPIC"]
     compile_c(p, "-shared", *pic, *([] if p.windows else [f"-Wl,-soname,{other}"]), work / "rt.c", "-o", work / other)
-    backend = fx.app / ("coli_six" + Path(p.backend).suffix)
     compile_c(p, "-shared", *pic, work / "uses.c", "-o", backend, work / other)
+    return backend, work, other
+
+
+def test_a_backend_of_another_hip_sdk_is_refused(fx: Fixtures) -> None:
+    """A backend that imports another version's runtime than the one this host binds is
+    refused by name, before the binding or any load: the host and the backend come from
+    one package, built against one SDK."""
+    p = fx.platform
+    backend, work, other = _other_sdk_backend(fx)
     assert fx.run("imports", p.host_path(backend))["hip"] == other
     for env_dir in (fx.dir_of("A"), p.host_path(work)):
         r = fx.run("open", p.host_path(backend), env={"COLI_HIP_RUNTIME_DIR": env_dir})
@@ -432,6 +442,55 @@ def test_a_backend_of_another_hip_sdk_is_refused(fx: Fixtures) -> None:
             "(built against another HIP SDK); use the host and backend of one package"
         ), r
         assert (r["backend_mapped_after"], r["mapped_after"]) == (False, 0), r
+
+
+def _refusal_for(fx: Fixtures, when: str) -> str | None:
+    """The error the loader gives in the situation a row of docs/binding.md's refusal
+    table names (None: a Windows-only row on Linux)."""
+    p = fx.platform
+    a, b = p.host_path(fx.runtimes["A"]), p.host_path(fx.runtimes["B"])
+    empty = fx.root / "empty folder"
+    empty.mkdir(exist_ok=True)
+    junk = fx.root / ("junk" + Path(p.backend).suffix)
+    junk.write_bytes(b"MZ" + bytes(200))
+    dir_a = fx.dir_of("A")
+    cases: dict[str, tuple[list[str], str | None, str]] = {
+        "the variable is unset": ([], None, "hip"),
+        "it is set to nothing": ([], "", "hip"),
+        "it is relative": ([], "runtime", "hip"),
+        "C:runtime (Windows)": ([], "C:runtime", "hip"),
+        "\\runtime (Windows)": ([], "\\runtime", "hip"),
+        "it names nothing": ([], p.host_path(fx.root / "no such folder"), "hip"),
+        "it names a file": ([], a, "hip"),
+        "the folder lacks the runtime": ([], p.host_path(empty), "hip"),
+        "another runtime of that name is mapped": (["--preload", b], dir_a, "hip"),
+        "more than one is mapped": (["--preload", a, "--preload", b], dir_a, "hip"),
+        "the module list or an identity cannot be read": (["--fault", "snapshot", "--preload", a], dir_a, "hip"),
+        "the backend imports another runtime than the host binds": ([], dir_a, p.host_path(_other_sdk_backend(fx)[0])),
+        "the backend's import table cannot be read": ([], dir_a, p.host_path(junk)),
+    }
+    args, env_dir, spec = cases[when]
+    if "(Windows)" in when and not p.windows:
+        return None
+    return str(fx.run(*args, "open", spec, env={"COLI_HIP_RUNTIME_DIR": env_dir})["error"])
+
+
+def test_every_refusal_says_what_the_docs_say(fx: Fixtures) -> None:
+    """Each row of docs/binding.md's refusal table, made to happen: the line is the row's
+    words, each <placeholder> filled in (a HIP refusal after its "[HIP] " prefix)."""
+    import re
+
+    rows = doc_table("Refusals")
+    assert len(rows) == 13
+    seen = 0
+    for when, words in rows:
+        message = _refusal_for(fx, when)
+        if message is None:
+            continue
+        pattern = re.sub(r"<[a-z ]+>", ".+", re.escape(words).replace("\\<", "<").replace("\\>", ">"))
+        assert re.fullmatch(pattern, message.removeprefix("[HIP] ")), (when, words, message)
+        seen += 1
+    assert seen == (13 if fx.platform.windows else 11)
 
 
 # ---- the backend's own folder, and the other modes ----------------------------
