@@ -784,6 +784,9 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
         argv = [p.cc, "-std=c11", "-O2", *inc, *sources, "-o", str(host), *extra, "-lm", "-lpthread"]
         proc = subprocess.run(argv, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+    # the fault points are the harness's alone: the host holds none of their names
+    for fault in (b"module-path", b"module-identity", b"file-identity"):
+        assert fault in fx.harness.read_bytes() and fault not in host.read_bytes(), fault
     model = ROOT / "tests/fixtures/models/glm_tiny2"
     exp = json.loads((model / "expected.json").read_text())
     ids = ",".join(map(str, exp["ids"]))
