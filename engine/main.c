@@ -116,6 +116,17 @@ static void print_ints(FILE *f, const int32_t *v, int64_t n) {
     fputc(']', f);
 }
 
+/* `, "key": {"linears": s, ..., "other": s}`: where `total` seconds of forwards went. */
+static void print_phases(FILE *f, const char *key, const double *phase, double total) {
+    double rest = total;
+    fprintf(f, ", \"%s\": {", key);
+    for (int i = 0; i < PHASE_COUNT; i++) {
+        fprintf(f, "\"%s\": %.6f, ", FORWARD_PHASE_NAMES[i], phase[i]);
+        rest -= phase[i];
+    }
+    fprintf(f, "\"other\": %.6f}", rest > 0 ? rest : 0.0);
+}
+
 int main(int argc, char **argv) {
     argv = coli_args_utf8(&argc, argv);
     const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
@@ -233,7 +244,7 @@ int main(int argc, char **argv) {
     float *logits = malloc((size_t)(n * m.c.vocab) * sizeof(float));
     int32_t *pred = malloc((size_t)(n + (generate > 0 ? generate : 0) + 1) * sizeof *pred);
     float *margin = malloc((size_t)(n + 1) * sizeof *margin);
-    double t_first = 0.0, t_rest = 0.0;
+    double t_first = 0.0, t_rest = 0.0, prefill_phases[PHASE_COUNT] = {0};
     if (!logits || !pred || !margin) {
         fprintf(stderr, "coli: out of memory for %lld positions\n", (long long)n);
         rc = EXIT_RUNTIME;
@@ -259,6 +270,8 @@ int main(int argc, char **argv) {
         float last;
         argmax2(logits + (n - 1) * m.c.vocab, m.c.vocab, &pred[0], &last);
         m.backend_calls = m.backend_matmuls = 0, m.backend_seconds = 0.0; /* from here on: the decode's */
+        memcpy(prefill_phases, m.phase_seconds, sizeof prefill_phases);
+        memset(m.phase_seconds, 0, sizeof m.phase_seconds);
         t_rest = coli_now();
         for (long k = 1; k < generate; k++) {
             if (model_forward(&m, &pred[k - 1], 1, logits, err, sizeof err)) {
@@ -278,12 +291,15 @@ int main(int argc, char **argv) {
             fputs(", \"top2_margin\": [", stdout);
             for (int64_t s = 0; s < n; s++) printf("%s%.6g", s ? ", " : "", margin[s]);
             printf("], \"seconds\": %.6f, \"tokens_per_second\": %.3f", t_first, (double)n / (t_first > 0 ? t_first : 1e-9));
+            print_phases(stdout, "phase_seconds", m.phase_seconds, t_first);
         } else {
             fputs("\"generated\": ", stdout);
             print_ints(stdout, pred, generate);
             printf(", \"prefill_seconds\": %.6f, \"decode_seconds\": %.6f, \"decode_tokens_per_second\": %s", t_first,
                    t_rest, generate > 1 ? "" : "null");
             if (generate > 1) printf("%.3f", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
+            print_phases(stdout, "prefill_phase_seconds", generate > 0 ? prefill_phases : m.phase_seconds, t_first);
+            print_phases(stdout, "decode_phase_seconds", generate > 0 ? m.phase_seconds : prefill_phases, t_rest);
         }
         /* teacher forcing: the forward's; generation: the decode's (after the first token) */
         printf(", \"backend_calls\": %lld, \"backend_matmuls\": %lld, \"backend_seconds\": %.6f",

@@ -52,6 +52,13 @@ typedef struct layer {
     float *k_cache, *v_cache, *ik_cache;
 } layer;
 
+/* Where a forward's time goes: every linear (in the backend or on the CPU), the
+ * router and routed experts (CPU), attention over the cache, the DSA indexer. The
+ * rest (norms, RoPE, residuals, the cache writes, the embedding) is the forward's
+ * time less these. */
+typedef enum { PHASE_LINEARS, PHASE_ROUTED_EXPERTS, PHASE_ATTENTION, PHASE_INDEXER, PHASE_COUNT } forward_phase;
+extern const char *const FORWARD_PHASE_NAMES[PHASE_COUNT];
+
 typedef struct model {
     model_config c;
     st_set st;
@@ -69,6 +76,7 @@ typedef struct model {
     int64_t backend_calls;   /* calls into the backend's matmuls, the matmuls they made, and */
     int64_t backend_matmuls; /* the seconds spent in them (copies and waits included): where */
     double backend_seconds;  /* a GPU tier's time goes */
+    double phase_seconds[PHASE_COUNT];
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the

@@ -94,7 +94,9 @@ static int backend_done(model *m, double t0, int count, const linear *l, coli_st
     return 1;
 }
 
-static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
+const char *const FORWARD_PHASE_NAMES[PHASE_COUNT] = {"linears", "routed_experts", "attention", "indexer"};
+
+static int linear_once(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
     if (l->dev) {
         const double t0 = coli_now();
         if (backend_done(m, t0, 1, l, m->backend->api.matmul(l->dev, x, s, l->cols, y), err, errlen)) return 1;
@@ -104,6 +106,13 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
     }
     add_bias(l, s, y);
     return 0;
+}
+
+static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, float *y, char *err, size_t errlen) {
+    const double t0 = coli_now();
+    int rc = linear_once(m, l, x, s, y, err, errlen);
+    m->phase_seconds[PHASE_LINEARS] += coli_now() - t0;
+    return rc;
 }
 
 /* Linears that read the same x (at most MANY_MAX): one backend round trip
@@ -123,10 +132,11 @@ static int linears_fwd(model *m, const linear *const *ls, int count, const float
     coli_tensor ts[MANY_MAX];
     for (int i = 0; i < count; i++) ts[i] = ls[i]->dev;
     const double t0 = coli_now();
-    if (backend_done(m, t0, count, ls[0], m->backend->api.matmul_many(ts, count, x, s, ls[0]->cols, ys), err, errlen))
-        return 1;
-    for (int i = 0; i < count; i++) add_bias(ls[i], s, ys[i]);
-    return 0;
+    int rc = backend_done(m, t0, count, ls[0], m->backend->api.matmul_many(ts, count, x, s, ls[0]->cols, ys), err,
+                          errlen);
+    for (int i = 0; !rc && i < count; i++) add_bias(ls[i], s, ys[i]);
+    m->phase_seconds[PHASE_LINEARS] += coli_now() - t0;
+    return rc;
 }
 
 /* ---- attention ---------------------------------------------------------- */
@@ -311,6 +321,7 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
         goto done;
     }
     TRY(mlp(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, h, n, g, u, shared, err, errlen));
+    const double t0 = coli_now();
     matmul_f32(m, ly->router, E, H, h, n, logits);
     for (int64_t s = 0; s < n; s++) route(c, logits + s * E, ly->router_bias, idx + s * K, w + s * K);
     memset(out, 0, (size_t)(n * H) * sizeof *out);
@@ -333,6 +344,7 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
         for (int64_t r = 0; r < cnt; r++)
             for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];
     }
+    m->phase_seconds[PHASE_ROUTED_EXPERTS] += coli_now() - t0;
     for (int64_t i = 0; i < n * H; i++) out[i] += shared[i];
     rc = 0;
 done:
@@ -406,6 +418,7 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                 memcpy(ly->v_cache + (p * NH + hh) * V, src + c->qk_nope, (size_t)V * sizeof(float));
             }
         }
+        double t_phase = coli_now();
         if (full) {
             matmul_f32(m, ly->idx_weights, IH, H, h, n, iw);
             const float wscale = 1.0f / sqrtf((float)IH);
@@ -424,6 +437,8 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                 goto done;
             }
         } /* a "shared" layer keeps the selection of the last full layer */
+        m->phase_seconds[PHASE_INDEXER] += coli_now() - t_phase;
+        t_phase = coli_now();
         attn_job aj = {m, ly, q, sel, n, t0, total, scaling, att, 0};
         if (n * NH * total * (qk + V) < PARALLEL_MIN_MACS) attn_items(&aj, 0, n * NH);
         else pool_run(m->pool, attn_items, &aj, n * NH);
@@ -431,6 +446,7 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
             snprintf(err, errlen, "out of memory in attention");
             goto done;
         }
+        m->phase_seconds[PHASE_ATTENTION] += coli_now() - t_phase;
         TRY(linear_fwd(m, &ly->o, att, n, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
         for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->post_norm, H, (float)c->rms_eps, h + s * H);
