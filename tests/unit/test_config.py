@@ -86,6 +86,29 @@ def test_bad_arch_variables(arch: str, expected: str) -> None:
     assert "allowed" in exc.value.one_line() or "twice" in expected
 
 
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
+        (
+            "",
+            "var arch=: build.arch: empty; leave arch= out for the default, or list the values "
+            "(e.g. arch=gfx1030,sm_90)",
+        ),
+        ("  ", "build.arch: empty"),
+        ("gfx1030,,gfx90a", "var arch=: build.arch: an empty item in 'gfx1030,,gfx90a'; write arch=gfx1030,gfx90a"),
+        ("gfx1030,", "an empty item in 'gfx1030,'; write arch=gfx1030"),
+    ],
+)
+def test_an_empty_arch_list_or_item_is_an_error(arch: str, expected: str) -> None:
+    """Neither the default set nor a dropped item: the user is told what to write."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(DEFAULT, {}, {"arch": arch})
+    assert expected in exc.value.one_line()
+    with pytest.raises(ConfigError) as exc:
+        load_config(DEFAULT, {"COLI_ARCH": arch}, {})
+    assert "env COLI_ARCH" in exc.value.one_line()
+
+
 def test_unknown_variable_and_profile() -> None:
     with pytest.raises(ConfigError, match=r"unknown variable 'arhc='; did you mean 'arch='\?"):
         load_config(DEFAULT, {}, {"arhc": "cpu"})

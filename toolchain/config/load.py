@@ -98,8 +98,25 @@ def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _split_list(value: str) -> list[str]:
-    return [p.strip() for p in value.split(",") if p.strip()]
+def _split_list(value: str, where: str, key: str) -> tuple[list[str], str | None]:
+    """A comma-separated list, and the problem with it: an empty value or an empty item
+    is never read as "the default" or skipped, it is named with what to write instead."""
+    items = [p.strip() for p in value.split(",")]
+    name = key.rsplit(".", 1)[-1]
+    example = " (e.g. arch=gfx1030,sm_90)" if key == "build.arch" else ""
+    if not value.strip():
+        return [], f"{where}: {key}: empty; leave {name}= out for the default, or list the values{example}"
+    if "" in items:
+        fixed = ",".join(i for i in items if i)
+        return [], f"{where}: {key}: an empty item in '{value}'; write {name}={fixed}"
+    return items, None
+
+
+def _list_value(raw: str, where: str, key: str, problems: list[str]) -> list[str]:
+    items, problem = _split_list(raw, where, key)
+    if problem:
+        problems.append(problem)
+    return items
 
 
 def _where(origins: Mapping[str, str], dotted: str) -> str:
@@ -153,8 +170,8 @@ def load_config(
     for name, key in ENV_KEYS.items():
         if name in env:
             raw = env[name]
-            flat[key] = _split_list(raw) if key in _LIST_KEYS else raw
             origins[key] = f"env {name}"
+            flat[key] = _list_value(raw, origins[key], key, problems) if key in _LIST_KEYS else raw
 
     for name, raw in variables.items():
         if name == "config":
@@ -166,8 +183,8 @@ def load_config(
             problems.append(f"unknown variable '{name}='{hint} (allowed: {', '.join(a + '=' for a in allowed)})")
             continue
         key = VAR_KEYS[name]
-        flat[key] = _split_list(raw) if key in _LIST_KEYS else raw
         origins[key] = f"var {name}="
+        flat[key] = _list_value(raw, origins[key], key, problems) if key in _LIST_KEYS else raw
 
     config: Config | None = None
     try:
