@@ -118,6 +118,24 @@ def test_cuda_device_code_needs_sass_per_arch(tmp_path: Path) -> None:
     assert not ok and "no SASS for sm_90" in detail and "sm_90 (ptx)" in detail
 
 
+def test_cuda_arch_and_family_specific_targets_are_told_apart(tmp_path: Path) -> None:
+    """sm_90a, sm_100f and sm_120a built with the build's own -gencode lines (one nvcc
+    call, the arch-specific and family-specific flags of each fatbin entry read): each
+    is proved by its own entry, and an sm_90a build has no SASS for plain sm_90."""
+    from toolchain.command_data import cuda_gencode
+
+    need_tool("nvcc")
+    src = tmp_path / "one_kernel.cu"
+    src.write_text("__global__ void scale(float *x, float a) { x[threadIdx.x] *= a; }\n")
+    out = tmp_path / "libcoli_cuda.so"
+    arches = ("sm_90a", "sm_100f", "sm_120a")
+    compile_ok(["nvcc", "-shared", "-Xcompiler", "-fPIC", *cuda_gencode(arches), str(src), "-o", str(out)])
+    ok, detail = check(verify_artifact(out, "cuda", ABI, arches, []), "device code")
+    assert ok and "sm_90a (sass)" in detail and "sm_100f (sass)" in detail and "sm_120a (ptx+sass)" in detail
+    ok, detail = check(verify_artifact(out, "cuda", ABI, ("sm_90",), []), "device code")
+    assert not ok and "no SASS for sm_90" in detail
+
+
 # ---- PE, built with MinGW ------------------------------------------------
 
 

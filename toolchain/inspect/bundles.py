@@ -16,6 +16,11 @@ COMPRESSED_MAGIC = b"CCOB"
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_KIND_PTX = 1
 FATBIN_KIND_ELF = 2
+# an entry's flags (the 64-bit word at byte 40 of its header): code built for an
+# arch-specific target (sm_90a: compute_90a, runs on that arch only) or a
+# family-specific one (sm_100f), as nvcc 12.9-13.0 write them
+FATBIN_FLAG_ARCH_SPECIFIC = 0x100000
+FATBIN_FLAG_FAMILY_SPECIFIC = 0x200000
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
 
 
 def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
-    """sm_XX -> {"sass", "ptx"} for every entry of every fatbin in a .nv_fatbin section."""
+    """sm_XX (sm_XXa, sm_XXf) -> {"sass", "ptx"} for every entry of every fatbin in a
+    .nv_fatbin section: the entry's arch with its arch- or family-specific flag."""
     found: dict[str, set[str]] = {}
     pos = 0
     while pos + 16 <= len(data):
@@ -133,8 +139,10 @@ def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
             (arch,) = struct.unpack_from("<I", data, p + 28)
             if ehsize < 32:
                 raise ValueError("fatbin entry header too small")
+            (flags,) = struct.unpack_from("<Q", data, p + 40) if ehsize >= 48 else (0,)
+            suffix = "a" if flags & FATBIN_FLAG_ARCH_SPECIFIC else "f" if flags & FATBIN_FLAG_FAMILY_SPECIFIC else ""
             if kind in (FATBIN_KIND_PTX, FATBIN_KIND_ELF):
-                found.setdefault(f"sm_{arch}", set()).add("sass" if kind == FATBIN_KIND_ELF else "ptx")
+                found.setdefault(f"sm_{arch}{suffix}", set()).add("sass" if kind == FATBIN_KIND_ELF else "ptx")
             p += ehsize + payload
         pos = end
     return found
