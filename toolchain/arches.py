@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Annotated, Literal
@@ -13,7 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .toml_model import load_toml_model
 
-__all__ = ["Api", "ArchTable", "SdkRange", "api_of", "arch_table", "version_tuple"]
+__all__ = [
+    "Api", "ArchTable", "SdkRange", "api_of", "arch_key", "arch_table", "base_arch", "canonical_target",
+    "version_tuple",
+]  # fmt: skip
 
 Api = Literal["ref", "hip", "cuda"]
 
@@ -62,6 +65,25 @@ class _ApiArches(BaseModel):
 
     families: dict[str, tuple[str, ...]]
     sdk: _SdkSpans = _SdkSpans()
+    features: dict[str, tuple[str, ...]] = {}  # AMD target-id features an arch takes
+
+
+def base_arch(arch: str) -> str:
+    """gfx90a:xnack- -> gfx90a: the processor of an AMD target id (any other arch as it is)."""
+    return arch.split(":", 1)[0]
+
+
+def arch_key(arches: tuple[str, ...]) -> str:
+    """Arches as they go into file, task and release-entry names: a target id's ':'
+    (which Windows file names cannot hold) as '-', gfx90a:xnack- -> gfx90a-xnack-."""
+    return "_".join(a.replace(":", "-") for a in arches)
+
+
+def canonical_target(arch: str) -> str:
+    """An AMD target id with its features in clang's order (sorted): gfx942:xnack-:sramecc+
+    and gfx942:sramecc+:xnack- are one target, written the second way in offload bundles."""
+    base, *features = arch.split(":")
+    return ":".join([base, *sorted(features)])
 
 
 class _ArchesFile(BaseModel):
@@ -89,6 +111,9 @@ class _ArchesFile(BaseModel):
             for arch in table.sdk.arch:
                 if not any(arch in m for m in table.families.values()):
                     raise ValueError(f"{api}.sdk.arch.{arch} is in no {api} family")
+            for arch in table.features:
+                if not any(arch in m for m in table.families.values()):
+                    raise ValueError(f"{api}.features.{arch} is in no {api} family")
         return self
 
 
@@ -97,6 +122,7 @@ class ArchTable:
     hip: dict[str, tuple[str, ...]]
     cuda: dict[str, tuple[str, ...]]
     sdk: dict[str, SdkRange]  # every known GPU arch -> the SDK releases that build it
+    features: dict[str, tuple[str, ...]] = field(default_factory=dict)  # gfx arch -> its target-id features
 
     @property
     def known(self) -> tuple[str, ...]:
@@ -113,7 +139,7 @@ class ArchTable:
 
     def sdk_problem(self, arch: str, api: str, version: str) -> str | None:
         """None when SDK `version` builds `arch`; else why not, from the data."""
-        span = self.sdk.get(arch)
+        span = self.sdk.get(base_arch(arch))
         if span is None or span.admits(version):
             return None
         sdk = "HIP SDK" if api == "hip" else "CUDA"
@@ -121,17 +147,36 @@ class ArchTable:
 
     def unknown(self, arches: tuple[str, ...]) -> str | None:
         """None when every arch is known; else one line naming each unknown one and what is allowed."""
-        bad = []
+        bad, features = [], []
         for arch in arches:
-            if arch not in self.known:
-                close = difflib.get_close_matches(arch, self.known, n=2, cutoff=0.6)
+            base, _, rest = arch.partition(":")
+            if base not in self.known:
+                close = difflib.get_close_matches(base, self.known, n=2, cutoff=0.6)
                 bad.append(f"'{arch}'" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
-        if not bad:
-            return None
-        return (
-            f"unknown arch {', '.join(bad)}; allowed: cpu, gfx* of {', '.join(self.hip)}, "
-            f"sm_* of {', '.join(self.cuda)} (toolchain/data/arches.toml lists them)"
-        )
+            elif rest:
+                problem = self._feature_problem(arch, base, rest.split(":"))
+                if problem:
+                    features.append(problem)
+        if bad:
+            return (
+                f"unknown arch {', '.join(bad)}; allowed: cpu, gfx* of {', '.join(self.hip)}, "
+                f"sm_* of {', '.join(self.cuda)} (toolchain/data/arches.toml lists them)"
+            )
+        return "; ".join(features) or None
+
+    def _feature_problem(self, arch: str, base: str, written: list[str]) -> str | None:
+        """What is wrong with the features of target id `arch`, in words, or None."""
+        allowed = self.features.get(base, ())
+        if not allowed:
+            return f"'{arch}': {base} takes no target features (write {base})"
+        names = [w[:-1] for w in written if w[-1:] in ("+", "-")]
+        forms = ", ".join(f"{f}+ or {f}-" for f in allowed)
+        if len(names) != len(written) or any(n not in allowed for n in names):
+            return f"'{arch}': {base} takes {forms}"
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            return f"'{arch}': {', '.join(twice)} given twice"
+        return None
 
 
 @cache
@@ -147,7 +192,7 @@ def _table(raw: _ArchesFile) -> ArchTable:
         for name, members in table.families.items():
             for arch in members:
                 sdk[arch] = table.sdk.arch.get(arch, table.sdk.family[name])
-    return ArchTable(hip=dict(raw.hip.families), cuda=dict(raw.cuda.families), sdk=sdk)
+    return ArchTable(hip=dict(raw.hip.families), cuda=dict(raw.cuda.families), sdk=sdk, features=dict(raw.hip.features))
 
 
 def api_of(arch: str) -> Api:

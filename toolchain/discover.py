@@ -16,6 +16,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path, PureWindowsPath
 
+from .arches import base_arch
 from .config import ResolvedConfig
 from .probe import Prober, which
 from .sdk import Missing
@@ -98,7 +99,7 @@ class HipSdk:
         return major >= (17 if "AMD" in self.compiler_version else 18)
 
     def isa_file(self, arch: str) -> Path:
-        return self.device_lib_dir / f"oclc_isa_version_{arch.removeprefix('gfx')}.bc"
+        return self.device_lib_dir / f"oclc_isa_version_{base_arch(arch).removeprefix('gfx')}.bc"
 
     @property
     def location(self) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .arches import Api, api_of, version_tuple
+from .arches import Api, api_of, arch_key, version_tuple
 from .config import ResolvedConfig
 from .config.release import ReleaseEntry
 from .discover import CudaToolkit, HipSdk, Tool, Toolchains
@@ -33,7 +33,7 @@ class BackendSpec:
 
     @property
     def archkey(self) -> str:
-        return "_".join(self.arches)
+        return arch_key(self.arches)
 
     @property
     def key(self) -> str:

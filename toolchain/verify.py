@@ -13,6 +13,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from .arches import canonical_target
 from .inspect import HIP_PE_SECTION, cuda_fatbin_arches, parse_offload_bundle, read_binary
 from .table import aligned
 
@@ -121,8 +122,9 @@ def _device_check(kind: str, sections: dict[str, bytes], arches: tuple[str, ...]
             bundles = parse_offload_bundle(data)
         except ValueError as exc:
             return Check("device code", False, f"{name}: {exc}")
-        targets = {t for b in bundles for t in b.gfx_targets}
-        missing = sorted(set(arches) - targets)
+        # full target ids, features in clang's order: gfx90a:xnack- is not gfx90a
+        targets = {canonical_target(t) for b in bundles for t in b.gfx_targets}
+        missing = sorted({canonical_target(a) for a in arches} - targets)
         packed = " (compressed)" if bundles and all(b.compressed for b in bundles) else ""
         detail = f"{name}{packed} lists {', '.join(sorted(targets)) or 'nothing'}"
         return Check("device code", not missing, detail + (f"; missing {', '.join(missing)}" if missing else ""))

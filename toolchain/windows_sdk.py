@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PureWindowsPath
 
-from .arches import version_tuple
+from .arches import base_arch, version_tuple
 from .config.schema import HipSection
 from .sdk import Missing
 
@@ -52,7 +52,7 @@ class WinHipSdk:
         return str(self.root)
 
     def supports(self, arch: str) -> bool:
-        return arch in self.available
+        return base_arch(arch) in self.available
 
     @property
     def offload_compress(self) -> bool:

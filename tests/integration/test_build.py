@@ -130,6 +130,15 @@ def test_named_arches(built_project: Path) -> None:
     (device,) = [c for c in report["checks"] if c["name"] == "device code"]
     assert device["ok"] and device["detail"] == ".nv_fatbin holds sm_90 (ptx+sass)"
 
+    # an AMD target id, as clang's --offload-arch takes it, built and proved whole
+    proc = run_doit(built_project, "build", "arch=gfx90a:xnack-,gfx1030")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(
+        (built_project / "build/linux-x86_64/reports/verify-hip-gfx90a-xnack-_gfx1030.json").read_text()
+    )
+    (device,) = [c for c in report["checks"] if c["name"] == "device code"]
+    assert device["ok"] and "gfx1030, gfx90a:xnack-" in device["detail"], device
+
     proc = run_doit(built_project, "build", "arch=cpu")
     assert proc.returncode == 0
     assert proc.stderr.count("note:") == 0  # nothing skipped when nothing else was asked for
@@ -139,6 +148,8 @@ def test_named_arches(built_project: Path) -> None:
     ("args", "env", "code", "needles"),
     [
         (["arch=gfx9999"], {}, 2, ["unknown arch 'gfx9999'", "allowed: cpu"]),
+        (["arch="], {}, 2, ["build.arch: empty; leave arch= out for the default"]),
+        (["arch=gfx1030:xnack+"], {}, 2, ["gfx1030 takes no target features"]),
         (["arch=sm_1"], {}, 2, ["unknown arch 'sm_1'"]),
         (["arch=gfx1151"], {}, 3, ["HIP SDK 5.2", "oclc_isa_version_1151.bc"]),
         (["arhc=cpu"], {}, 2, ["did you mean 'arch='"]),

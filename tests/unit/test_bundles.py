@@ -27,12 +27,13 @@ def fatbin(*entries: tuple[int, int]) -> bytes:
     return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + body
 
 
-def test_offload_bundle_lists_targets_and_strips_features() -> None:
+def test_offload_bundle_lists_whole_target_ids() -> None:
+    """A target id keeps its features: gfx90a:xnack+ code is not code for any gfx90a."""
     data = b"\0" * 7 + bundle(
         "host-x86_64-unknown-linux--", "hipv4-amdgcn-amd-amdhsa--gfx1030", "hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+"
     )
     (b,) = parse_offload_bundle(data)
-    assert b.gfx_targets == ("gfx1030", "gfx90a")
+    assert b.gfx_targets == ("gfx1030", "gfx90a:xnack+")
 
 
 def compressed(plain: bytes, *, version: int, method: int) -> bytes:

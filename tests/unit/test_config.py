@@ -109,6 +109,30 @@ def test_an_empty_arch_list_or_item_is_an_error(arch: str, expected: str) -> Non
     assert "env COLI_ARCH" in exc.value.one_line()
 
 
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
+        ("gfx1030:xnack+", "'gfx1030:xnack+': gfx1030 takes no target features (write gfx1030)"),
+        ("gfx90a:xnack", "'gfx90a:xnack': gfx90a takes sramecc+ or sramecc-, xnack+ or xnack-"),
+        ("gfx90a:tgsplit+", "'gfx90a:tgsplit+': gfx90a takes sramecc+ or sramecc-, xnack+ or xnack-"),
+        ("gfx942:xnack+:xnack-", "'gfx942:xnack+:xnack-': xnack given twice"),
+        ("gfx90z:xnack-", "unknown arch 'gfx90z:xnack-'"),
+    ],
+)
+def test_amd_target_ids_are_checked(arch: str, expected: str) -> None:
+    """AMD target ids: the features each arch allows (toolchain/data/arches.toml), each
+    with its sign, once; a wrong one is one line naming what the arch takes."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(DEFAULT, {}, {"arch": arch})
+    assert expected in exc.value.one_line() and "var arch=" in exc.value.one_line()
+
+
+def test_target_ids_and_specific_cuda_targets_are_accepted() -> None:
+    arches = "gfx90a:xnack-,gfx942:sramecc+:xnack-,gfx1030,sm_90a,sm_100f,sm_120a"
+    rc = load_config(DEFAULT, {}, {"arch": arches})
+    assert rc.config.build.arch == tuple(arches.split(","))
+
+
 def test_unknown_variable_and_profile() -> None:
     with pytest.raises(ConfigError, match=r"unknown variable 'arhc='; did you mean 'arch='\?"):
         load_config(DEFAULT, {}, {"arhc": "cpu"})

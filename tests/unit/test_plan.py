@@ -75,3 +75,22 @@ def test_windows_plan(tmp_path: Path) -> None:
     assert plan.host_cc.name == "mingw cc"
     with pytest.raises(ToolchainError, match="windows-x86_64-hip: needs Windows with the HIP SDK"):
         _plan(tmp_path, {"os": "windows", "arch": "gfx1030"})
+
+
+def test_target_ids_and_specific_targets_pass_through_unchanged(tmp_path: Path) -> None:
+    """gfx90a:xnack- goes to clang and sm_90a to nvcc as written; in file and task names a
+    target id's ':' becomes '-' (Windows file names cannot hold it)."""
+    from toolchain.commands import backend_command
+
+    (tmp_path / "cuda-sm90a").mkdir()  # the second plan's own folder
+    hip = _plan(tmp_path, {"arch": "gfx90a:xnack-,gfx1030"})
+    (spec,) = [b for b in hip.backends if b.api == "hip"]
+    assert spec.key == "hip-gfx90a-xnack-_gfx1030"
+    cmd = backend_command(hip, spec, hip.backend_lib(spec))
+    argv = [a for step in (*cmd.before, cmd.argv) for a in step]
+    assert "--offload-arch=gfx90a:xnack-" in argv and "--offload-arch=gfx1030" in argv
+    cuda = _plan(tmp_path / "cuda-sm90a", {"arch": "sm_90a"})
+    (spec,) = [b for b in cuda.backends if b.api == "cuda"]
+    cmd = backend_command(cuda, spec, cuda.backend_lib(spec))
+    argv = [a for step in (*cmd.before, cmd.argv) for a in step]
+    assert "arch=compute_90a,code=[sm_90a,compute_90a]" in argv

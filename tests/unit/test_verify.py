@@ -100,6 +100,43 @@ def test_hip_device_code_present_and_missing_arch(hip_lib: Path) -> None:
     assert not ok and "missing gfx90a" in detail
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_hip_target_ids_are_proved_whole(tmp_path: Path, compress: bool) -> None:
+    """AMD target ids as users write them (features in any order), passed to clang as
+    they are: each offload-bundle entry's full target id must be the one asked for, in
+    a plain bundle and a compressed one; gfx90a:xnack- does not stand for gfx90a."""
+    need_tool("clang++-19")
+    src = tmp_path / "one_kernel.hip"
+    src.write_text("#include <hip/hip_runtime.h>\n__global__ void scale(float *x) { x[threadIdx.x] *= 2.f; }\n")
+    out = tmp_path / "kernel.o"
+    arches = ("gfx90a:xnack-", "gfx940:xnack+:sramecc-", "gfx1030")
+    compile_ok(
+        [
+            "clang++-19", "-x", "hip", "-c", "--rocm-path=/usr",
+            "--rocm-device-lib-path=/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+            *(f"--offload-arch={a}" for a in arches), *(["--offload-compress"] if compress else []),
+            str(src), "-o", str(out),
+        ]
+    )  # fmt: skip
+    sections = {".hip_fatbin": _section(out, ".hip_fatbin")}
+    from toolchain.verify import _device_check
+
+    c = _device_check("hip", sections, arches)
+    assert c.ok and "gfx90a:xnack-" in c.detail and "gfx940:sramecc-:xnack+" in c.detail, c.detail
+    assert ("(compressed)" in c.detail) is compress
+    c = _device_check("hip", sections, ("gfx90a", "gfx940:xnack-:sramecc-"))
+    assert not c.ok and c.detail.endswith("missing gfx90a, gfx940:sramecc-:xnack-"), c.detail
+
+
+def _section(path: Path, name: str) -> bytes:
+    from elftools.elf.elffile import ELFFile
+
+    with path.open("rb") as fh:
+        section = ELFFile(fh).get_section_by_name(name)
+        assert section is not None, name
+        return bytes(section.data())
+
+
 def test_cuda_device_code_needs_sass_per_arch(tmp_path: Path) -> None:
     need_tool("nvcc")
     # one small kernel: the fat binary's entries are what is read, whatever the kernels
@@ -119,7 +156,7 @@ def test_cuda_device_code_needs_sass_per_arch(tmp_path: Path) -> None:
 
 
 def test_cuda_arch_and_family_specific_targets_are_told_apart(tmp_path: Path) -> None:
-    """sm_90a, sm_100f and sm_120a built with the build's own -gencode lines (one nvcc
+    """sm_90a, sm_100a, sm_100f and sm_120a built with the build's own -gencode lines (one nvcc
     call, the arch-specific and family-specific flags of each fatbin entry read): each
     is proved by its own entry, and an sm_90a build has no SASS for plain sm_90."""
     from toolchain.command_data import cuda_gencode
@@ -128,10 +165,11 @@ def test_cuda_arch_and_family_specific_targets_are_told_apart(tmp_path: Path) ->
     src = tmp_path / "one_kernel.cu"
     src.write_text("__global__ void scale(float *x, float a) { x[threadIdx.x] *= a; }\n")
     out = tmp_path / "libcoli_cuda.so"
-    arches = ("sm_90a", "sm_100f", "sm_120a")
+    arches = ("sm_90a", "sm_100a", "sm_100f", "sm_120a")
     compile_ok(["nvcc", "-shared", "-Xcompiler", "-fPIC", *cuda_gencode(arches), str(src), "-o", str(out)])
     ok, detail = check(verify_artifact(out, "cuda", ABI, arches, []), "device code")
-    assert ok and "sm_90a (sass)" in detail and "sm_100f (sass)" in detail and "sm_120a (ptx+sass)" in detail
+    assert ok and "sm_90a (sass)" in detail and "sm_100a (sass)" in detail and "sm_100f (sass)" in detail
+    assert "sm_120a (ptx+sass)" in detail
     ok, detail = check(verify_artifact(out, "cuda", ABI, ("sm_90",), []), "device code")
     assert not ok and "no SASS for sm_90" in detail
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..arches import Api, api_of, arch_table
+from ..arches import Api, api_of, arch_key, arch_table
 from .schema import ReleaseSection
 
 __all__ = ["ReleaseEntry", "release_entries", "release_problems"]
@@ -26,7 +26,7 @@ class ReleaseEntry:
     @property
     def id(self) -> str:
         """Matches BackendSpec.task and the package name's tail."""
-        return f"{self.platform}-{self.api}-{'_'.join(self.arches)}"
+        return f"{self.platform}-{self.api}-{arch_key(self.arches)}"
 
 
 def _resolve(release: ReleaseSection, group: str | tuple[str, ...]) -> tuple[tuple[str, ...] | None, str | None]:

@@ -43,8 +43,9 @@ class BuildSection(_Section):
     os: Literal["linux", "windows"] = Field("linux", description="Target OS; windows cross-builds with MinGW-w64.")
     arch: tuple[str, ...] = Field(
         (),
-        description="Architectures to build: cpu, gfx* (HIP), sm_* (CUDA). Empty: cpu plus each API's "
-        "default_arches that the installed SDK supports.",
+        description="Architectures to build: cpu, gfx* (HIP; AMD target ids such as gfx90a:xnack- too), sm_* "
+        "(CUDA; sm_90a and sm_100f arch- and family-specific targets too). Unset: cpu plus each API's "
+        "default_arches that the installed SDK supports; arch= given empty is an error.",
     )
     profile: str = Field("release", description="Name of a [profiles.*] table.")
     build_dir: str = Field("build", description="Where intermediate and final artifacts go, relative to the project.")

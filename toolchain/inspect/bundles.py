@@ -33,8 +33,8 @@ class OffloadBundle:
         out = []
         for t in self.triples:
             if "amdgcn" in t and "--" in t:
-                # target id may carry features: gfx90a:xnack+ -> gfx90a
-                out.append(t.rsplit("--", 1)[1].split(":")[0])
+                # the whole target id, with its features: gfx90a:xnack+
+                out.append(t.rsplit("--", 1)[1])
         return tuple(out)
 
 
