@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--baseline", type=Path, help="another coli build, run beside --coli in the same run")
+    ap.add_argument("--engine-only", action="store_true", help="leave transformers out (no oracle environment)")
     args = ap.parse_args()
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {subprocess.getoutput('nproc')} cores",
@@ -102,12 +104,15 @@ def main() -> None:
         ids = [rng.randrange(2, vocab) for _ in range(POSITIONS)]
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         eng = bench_engine(args.coli, model, ids, args.threads, args.repeat)
-        hf = bench_transformers(model, ids, args.threads, args.repeat)
-        row = {"weights_bytes": weights, "engine": eng, "transformers": hf}
-        row["decode_speedup_f32"] = eng["f32"]["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
-        tf_key = "teacher_forcing_tokens_per_second"
-        row["tf_speedup_f32"] = eng["f32"][tf_key] / hf[tf_key]
+        row: dict[str, Any] = {"weights_bytes": weights, "engine": eng}
+        if args.baseline:
+            row["baseline"] = bench_engine(args.baseline, model, ids, args.threads, args.repeat)
         row["peak_rss_over_weights_f32"] = eng["f32"]["peak_rss_bytes"] / weights
+        if not args.engine_only:
+            hf = row["transformers"] = bench_transformers(model, ids, args.threads, args.repeat)
+            row["decode_speedup_f32"] = eng["f32"]["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
+            tf_key = "teacher_forcing_tokens_per_second"
+            row["tf_speedup_f32"] = eng["f32"][tf_key] / hf[tf_key]
         results["models"][name] = row
         print(json.dumps({name: row}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 /* The glm_moe_dsa model as transformers defines it (GlmMoeDsaForCausalLM):
  * MLA attention with the DSA indexer, dense and MoE MLPs, a KV cache. Dense
- * matmuls may live in a backend; routed experts, the router and the indexer's
- * head weights stay on the CPU in float32. */
+ * matmuls may live in a backend; routed experts stay on the CPU in the model's
+ * format, the router and the indexer's head weights in float32. */
 #ifndef COLI_MODEL_H
 #define COLI_MODEL_H
 
@@ -45,7 +45,8 @@ typedef struct layer {
     float *idx_k_norm_w, *idx_k_norm_b, *idx_weights; /* LayerNorm, weights_proj [index_heads, hidden] */
     linear gate, up, down;          /* dense MLP */
     float *router, *router_bias;    /* [experts, hidden], [experts] */
-    float **e_gate, **e_up, **e_down; /* per routed expert, f32 on the CPU */
+    float **e_gate, **e_up, **e_down; /* per routed expert, f32 (read only at f32) */
+    linear *experts;                /* at int8/int4: [expert][gate, up, down], quantised, on the CPU */
     float **e_owned;                /* converted copies to free (mapped F32 needs none) */
     int64_t n_owned;
     linear sh_gate, sh_up, sh_down; /* shared experts */

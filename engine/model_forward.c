@@ -337,10 +337,20 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
                     cnt++;
                 }
         if (!cnt) continue;
-        matmul_f32(m, ly->e_gate[e], I, H, xin, cnt, eg);
-        matmul_f32(m, ly->e_up[e], I, H, xin, cnt, eu);
-        for (int64_t i = 0; i < cnt * I; i++) eg[i] = silu(eg[i]) * eu[i];
-        matmul_f32(m, ly->e_down[e], H, I, eg, cnt, eo);
+        if (ly->experts) { /* quantised like the dense weights, never resident: the CPU's kernels */
+            const linear *ex = &ly->experts[3 * e];
+            mm_job jg = {&ex[0], NULL, I, H, xin, cnt, eg}, ju = {&ex[1], NULL, I, H, xin, cnt, eu};
+            run_rows(m, &jg);
+            run_rows(m, &ju);
+            for (int64_t i = 0; i < cnt * I; i++) eg[i] = silu(eg[i]) * eu[i];
+            mm_job jd = {&ex[2], NULL, H, I, eg, cnt, eo};
+            run_rows(m, &jd);
+        } else {
+            matmul_f32(m, ly->e_gate[e], I, H, xin, cnt, eg);
+            matmul_f32(m, ly->e_up[e], I, H, xin, cnt, eu);
+            for (int64_t i = 0; i < cnt * I; i++) eg[i] = silu(eg[i]) * eu[i];
+            matmul_f32(m, ly->e_down[e], H, I, eg, cnt, eo);
+        }
         for (int64_t r = 0; r < cnt; r++)
             for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];
     }

@@ -314,51 +314,61 @@ static void offload(loader_ctx *L, linear *l) {
     l->w = NULL;
 }
 
-static int dense(loader_ctx *L, linear *l, const char *name, int64_t rows, int64_t cols, const char *bias) {
-    const st_tensor *t = need(L, name, rows, cols);
-    memset(l, 0, sizeof *l);
-    if (!t) return 1;
+/* l as rows x cols weights w in the model's format: w itself at f32 (owned: the
+ * copy to free with it, or NULL when w is mapped), else quantised from w, which is
+ * then released (`t`, when w is a mapped tensor's). Nothing is offloaded here. */
+static int weights_in_format(loader_ctx *L, linear *l, const char *name, const float *w, float *owned,
+                             const st_tensor *t, int64_t rows, int64_t cols) {
     l->rows = rows;
     l->cols = cols;
-    float *owned = NULL;
-    const float *w = as_f32(L, t, &owned);
-    if (!w) return 1;
     quant_mode q = L->m->quant;
     if (q == QUANT_INT4 && !q4_group(cols)) q = QUANT_INT8; /* an odd width cannot hold int4 pairs */
     if (q == QUANT_F32) {
         l->format = COLI_FMT_F32;
         l->w = w;
         l->owned = owned;
-    } else if (q == QUANT_INT8) {
+        return 0;
+    }
+    if (q == QUANT_INT8) {
         l->format = COLI_FMT_Q8;
         l->q8 = malloc((size_t)(rows * cols));
         l->scale = malloc((size_t)rows * sizeof(float));
         if (l->q8 && l->scale) coli_quantize_q8(w, rows, cols, l->q8, l->scale);
-        free(owned);
-        st_release(t);
-        if (!l->q8 || !l->scale) {
-            snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
-            return 1;
-        }
     } else {
         l->format = COLI_FMT_Q4;
         l->group = q4_group(cols);
         l->q4 = malloc((size_t)(rows * cols / 2));
         l->scale = malloc((size_t)(rows * (cols / l->group)) * sizeof(float));
         if (l->q4 && l->scale) coli_quantize_q4(w, rows, cols, l->group, l->q4, l->scale);
-        free(owned);
-        st_release(t);
-        if (!l->q4 || !l->scale) {
-            snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
-            return 1;
-        }
     }
+    free(owned);
+    if (t) st_release(t);
+    if (!l->scale || (!l->q8 && !l->q4)) {
+        snprintf(L->err, L->errlen, "out of memory quantising '%s'", name);
+        return 1;
+    }
+    return 0;
+}
+
+static int dense(loader_ctx *L, linear *l, const char *name, int64_t rows, int64_t cols, const char *bias) {
+    const st_tensor *t = need(L, name, rows, cols);
+    memset(l, 0, sizeof *l);
+    if (!t) return 1;
+    float *owned = NULL;
+    const float *w = as_f32(L, t, &owned);
+    if (!w || weights_in_format(L, l, name, w, owned, t, rows, cols)) return 1;
     if (bias) {
         l->bias = vec(L, bias, rows);
         if (!l->bias) return 1;
     }
     offload(L, l);
     return 0;
+}
+
+static int expert_slots(loader_ctx *L, layer *ly) {
+    ly->experts = calloc((size_t)(3 * L->m->c.experts), sizeof *ly->experts);
+    if (!ly->experts) snprintf(L->err, L->errlen, "out of memory");
+    return ly->experts == NULL;
 }
 
 static int load_layer(loader_ctx *L, int64_t i) {
@@ -409,13 +419,25 @@ static int load_layer(loader_ctx *L, int64_t i) {
     }
     char e[128];
     snprintf(e, sizeof e, "%smlp.experts.0.gate_proj.weight", p);
+    /* at int8/int4 the routed experts are quantised like the dense weights as they load, and
+     * their float32 pages given back: the CPU reads 4 or 8 times fewer bytes for them */
+    const int quantised = m->quant != QUANT_F32;
+    if (quantised && expert_slots(L, ly)) return 1;
     if (st_find(&m->st, e)) {
         static const char *parts[] = {"gate_proj", "up_proj", "down_proj"};
         for (int64_t j = 0; j < c->experts; j++)
             for (int k = 0; k < 3; k++) {
-                int converted = 0;
+                const int64_t rows = k == 2 ? c->hidden : I, cols = k == 2 ? I : c->hidden;
                 snprintf(e, sizeof e, "mlp.experts.%lld.%s.weight", (long long)j, parts[k]);
-                float *w = mat_f32_ex(L, NAME(e), k == 2 ? c->hidden : I, k == 2 ? I : c->hidden, 0, &converted);
+                if (quantised) {
+                    const st_tensor *t = need(L, NAME(e), rows, cols);
+                    float *owned = NULL;
+                    const float *w = t ? as_f32(L, t, &owned) : NULL;
+                    if (!w || weights_in_format(L, &ly->experts[3 * j + k], n, w, owned, t, rows, cols)) return 1;
+                    continue;
+                }
+                int converted = 0;
+                float *w = mat_f32_ex(L, NAME(e), rows, cols, 0, &converted);
                 if (!w) return 1;
                 if (converted) ly->e_owned[ly->n_owned++] = w;
                 (k == 0 ? ly->e_gate : k == 1 ? ly->e_up : ly->e_down)[j] = w;
@@ -440,6 +462,19 @@ static int load_layer(loader_ctx *L, int64_t i) {
             ly->e_gate[j] = (float *)(uintptr_t)(gup + j * 2 * I * c->hidden);
             ly->e_up[j] = (float *)(uintptr_t)(gup + j * 2 * I * c->hidden + I * c->hidden);
             ly->e_down[j] = (float *)(uintptr_t)(dnp + j * c->hidden * I);
+            for (int k = 0; quantised && k < 3; k++) {
+                const float *w = (k == 0 ? ly->e_gate : k == 1 ? ly->e_up : ly->e_down)[j];
+                snprintf(e, sizeof e, "%smlp.experts.%lld.%d", p, (long long)j, k);
+                if (weights_in_format(L, &ly->experts[3 * j + k], e, w, NULL, NULL, k == 2 ? c->hidden : I,
+                                      k == 2 ? I : c->hidden))
+                    return 1;
+            }
+        }
+        if (quantised) { /* the fused float32 tensors are no longer read */
+            for (int64_t k = 0; k < ly->n_owned; k++) free(ly->e_owned[k]);
+            ly->n_owned = 0;
+            if (!gu_owned) st_release(gu);
+            if (!dn_owned) st_release(dn);
         }
     }
     return dense(L, &ly->sh_gate, NAME("mlp.shared_experts.gate_proj.weight"), S, c->hidden, NULL) ||
@@ -529,6 +564,8 @@ void model_free(model *m) {
             free(ly->in_norm); free(ly->post_norm); free(ly->q_a_norm); free(ly->kv_a_norm);
             free(ly->idx_k_norm_w); free(ly->idx_k_norm_b); free(ly->idx_weights);
             free(ly->router); free(ly->router_bias);
+            for (int64_t k = 0; ly->experts && k < 3 * c->experts; k++) linear_free(m, &ly->experts[k]);
+            free(ly->experts);
             for (int64_t k = 0; k < ly->n_owned; k++) free(ly->e_owned[k]);
             free(ly->e_owned);
             free(ly->e_gate); free(ly->e_up); free(ly->e_down);

@@ -1,4 +1,5 @@
 #if !defined(_WIN32)
+#define _DEFAULT_SOURCE /* madvise */
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include "safetensors.h"
@@ -391,7 +392,9 @@ void st_release(const st_tensor *t) {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t b = ((uintptr_t)t->data + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
     uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)page - 1);
-    if (page > 0 && e > b) posix_madvise((void *)b, e - b, POSIX_MADV_DONTNEED);
+    /* madvise, not posix_madvise: glibc's POSIX_MADV_DONTNEED does nothing. The mapping is
+     * read-only and private, so the pages come back from the file if read again. */
+    if (page > 0 && e > b) madvise((void *)b, e - b, MADV_DONTNEED);
 #else
     (void)t; /* Windows trims the working set of a mapped view by itself */
 #endif

@@ -309,3 +309,35 @@ def test_f16_and_bf16_weights_are_read_exactly(sanitized: tuple[Path, Path], tmp
         assert a["tf_pred"] == b["tf_pred"] and a["top2_margin"] == b["top2_margin"], name
         margins.append(a["top2_margin"])
     assert margins[0] != margins[1]  # the two files really hold different values
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
+def test_fused_expert_tensors_read_as_per_expert_ones(sanitized: tuple[Path, Path], tmp_path: Path, quant: str) -> None:
+    """transformers' in-memory expert layout (mlp.experts.gate_up_proj [E, 2I, H] and
+    down_proj [E, H, I]) gives the same logits as one tensor per expert, at every format:
+    the routed experts are quantised alike from either."""
+    import re
+    import shutil
+
+    host = sanitized[0]
+    tensors = stio.read(TINY / "model.safetensors")
+    layers = sorted({m.group(1) for k in tensors if (m := re.match(r"(model\.layers\.\d+\.mlp\.experts)\.0\.", k))})
+    assert layers, "glm_tiny has no routed experts"
+    fused = {k: v for k, v in tensors.items() if not re.match(r"model\.layers\.\d+\.mlp\.experts\.\d+\.", k)}
+    for prefix in layers:
+        n = sum(1 for k in tensors if k.startswith(prefix + ".") and k.endswith(".gate_proj.weight"))
+        part = [[tensors[f"{prefix}.{j}.{p}.weight"] for j in range(n)] for p in ("gate_proj", "up_proj", "down_proj")]
+        (dtype, (inter, hidden), _) = part[0][0]
+        gate_up = b"".join(part[0][j][2] + part[1][j][2] for j in range(n))
+        fused[f"{prefix}.gate_up_proj"] = (dtype, [n, 2 * inter, hidden], gate_up)
+        fused[f"{prefix}.down_proj"] = (dtype, [n, hidden, inter], b"".join(t[2] for t in part[2]))
+    model = tmp_path / "fused"
+    model.mkdir()
+    shutil.copy(TINY / "config.json", model / "config.json")
+    stio.write(model / "model.safetensors", fused)
+    exp = expected(TINY)
+    base = ["--ids", ids(exp["ids"]), "--teacher-force", "--quant", quant]
+    per_expert, together = run_json(host, "--model", str(TINY), *base), run_json(host, "--model", str(model), *base)
+    assert together["tf_pred"] == per_expert["tf_pred"] and together["top2_margin"] == per_expert["top2_margin"]
+    if quant == "f32":
+        assert together["tf_pred"] == exp["tf_pred"]
