@@ -199,6 +199,7 @@ typedef struct idx_job {
     int64_t n, t0, total;
     unsigned char *sel;
     int failed;
+    int keys_parallel; /* few queries: each query's keys are scored on all threads */
 } idx_job;
 
 typedef struct scored { float score; int64_t t; } scored;
@@ -209,11 +210,37 @@ static int by_score_desc(const void *a, const void *b) {
     return x->t < y->t ? -1 : x->t > y->t; /* ties: the earlier key first */
 }
 
-static void idx_items(void *ctx, int64_t b, int64_t e) {
-    idx_job *j = ctx;
+/* Query s's score of keys [b, e): the same arithmetic however the keys are split. */
+static void score_keys_of(const idx_job *j, int64_t s, scored *sc, int64_t b, int64_t e) {
     const model_config *c = &j->m->c;
     const int64_t D = c->index_head_dim, IH = c->index_heads;
     const float scale = 1.0f / sqrtf((float)D);
+    for (int64_t t = b; t < e; t++) {
+        const float *k = j->ly->ik_cache + t * D;
+        float total = 0.0f;
+        for (int64_t h = 0; h < IH; h++) {
+            float d = coli_dot_f32(j->iq + (s * IH + h) * D, k, D) * scale;
+            total += j->iw[s * IH + h] * (d > 0.0f ? d : 0.0f);
+        }
+        sc[t].score = total;
+        sc[t].t = t;
+    }
+}
+
+typedef struct key_job {
+    const idx_job *j;
+    int64_t s;
+    scored *sc;
+} key_job;
+
+static void score_keys(void *ctx, int64_t b, int64_t e) {
+    const key_job *k = ctx;
+    score_keys_of(k->j, k->s, k->sc, b, e);
+}
+
+static void idx_items(void *ctx, int64_t b, int64_t e) {
+    idx_job *j = ctx;
+    const model_config *c = &j->m->c;
     scored *sc = malloc((size_t)j->total * sizeof *sc);
     if (!sc) {
         j->failed = 1;
@@ -227,16 +254,9 @@ static void idx_items(void *ctx, int64_t b, int64_t e) {
             memset(sel, 1, (size_t)valid);
             continue;
         }
-        for (int64_t t = 0; t < valid; t++) {
-            const float *k = j->ly->ik_cache + t * D;
-            float total = 0.0f;
-            for (int64_t h = 0; h < IH; h++) {
-                float d = coli_dot_f32(j->iq + (s * IH + h) * D, k, D) * scale;
-                total += j->iw[s * IH + h] * (d > 0.0f ? d : 0.0f);
-            }
-            sc[t].score = total;
-            sc[t].t = t;
-        }
+        key_job kj = {j, s, sc};
+        if (j->keys_parallel) pool_run(j->m->pool, score_keys, &kj, valid);
+        else score_keys_of(j, s, sc, 0, valid);
         qsort(sc, (size_t)valid, sizeof *sc, by_score_desc);
         for (int64_t i = 0; i < c->index_topk; i++) sel[sc[i].t] = 1;
     }
@@ -439,8 +459,10 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                 for (int64_t hh = 0; hh < IH; hh++) rope(iq + (s * IH + hh) * ID, c->qk_rope, m->inv_freq, t0 + s);
                 for (int64_t hh = 0; hh < IH; hh++) iw[s * IH + hh] *= wscale;
             }
-            idx_job ij = {m, ly, iq, iw, n, t0, total, sel, 0};
+            idx_job ij = {m, ly, iq, iw, n, t0, total, sel, 0, 0};
+            /* a decoded token is one query: its keys are what splits across threads */
             if (n * total * IH * ID < PARALLEL_MIN_MACS) idx_items(&ij, 0, n);
+            else if (n < pool_threads(m->pool)) ij.keys_parallel = 1, idx_items(&ij, 0, n);
             else pool_run(m->pool, idx_items, &ij, n);
             if (ij.failed) {
                 snprintf(err, errlen, "out of memory in the indexer");

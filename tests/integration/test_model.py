@@ -83,6 +83,19 @@ def test_threads_do_not_change_results(sanitized: tuple[Path, Path]) -> None:
     assert one["top2_margin"] == three["top2_margin"] and one["threads"] == 1 and three["threads"] == 3
 
 
+def test_a_long_decode_splits_the_indexers_keys_without_changing_tokens(sanitized: tuple[Path, Path]) -> None:
+    """Past a few hundred positions a decoded token's indexer scores its keys on every
+    thread (one query, many keys): the tokens are those of one thread."""
+    import random
+
+    host, _ = sanitized
+    rng = random.Random(3)
+    prompt = ids([rng.randrange(2, 200) for _ in range(400)])
+    base = ["--model", str(MODELS / "glm_tiny2"), "--ids", prompt, "--generate", "6", "--quant", "int8"]
+    one, three = run_json(host, *base, "--threads", "1"), run_json(host, *base, "--threads", "3")
+    assert one["generated"] == three["generated"] and three["threads"] == 3
+
+
 @pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
 def test_vector_and_portable_loops_agree_to_the_bit(sanitized: tuple[Path, Path], quant: str) -> None:
     """The AVX2 loops (chosen at run time) and the portable ones do the same operations in the same order."""
