@@ -210,6 +210,31 @@ static int by_score_desc(const void *a, const void *b) {
     return x->t < y->t ? -1 : x->t > y->t; /* ties: the earlier key first */
 }
 
+static int before(const scored *x, const scored *y) { return by_score_desc(x, y) < 0; }
+
+/* Moves the first k of a[0..n) in by_score_desc's order (a total order: ties go to the
+ * earlier key) into a[0..k), in no particular order: the set a full sort's first k
+ * would be, in linear time on average. */
+static void select_first(scored *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const scored pivot = a[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (i <= hi && before(&a[i], &pivot)) i++;
+            while (j >= lo && before(&pivot, &a[j])) j--;
+            if (i <= j) {
+                const scored tmp = a[i];
+                a[i++] = a[j];
+                a[j--] = tmp;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
 /* Query s's score of keys [b, e): the same arithmetic however the keys are split. */
 static void score_keys_of(const idx_job *j, int64_t s, scored *sc, int64_t b, int64_t e) {
     const model_config *c = &j->m->c;
@@ -257,7 +282,7 @@ static void idx_items(void *ctx, int64_t b, int64_t e) {
         key_job kj = {j, s, sc};
         if (j->keys_parallel) pool_run(j->m->pool, score_keys, &kj, valid);
         else score_keys_of(j, s, sc, 0, valid);
-        qsort(sc, (size_t)valid, sizeof *sc, by_score_desc);
+        select_first(sc, valid, c->index_topk);
         for (int64_t i = 0; i < c->index_topk; i++) sel[sc[i].t] = 1;
     }
     free(sc);

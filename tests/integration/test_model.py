@@ -354,3 +354,18 @@ def test_fused_expert_tensors_read_as_per_expert_ones(sanitized: tuple[Path, Pat
     assert together["tf_pred"] == per_expert["tf_pred"] and together["top2_margin"] == per_expert["top2_margin"]
     if quant == "f32":
         assert together["tf_pred"] == exp["tf_pred"]
+
+
+def test_the_indexers_selection_is_a_sorts_first_k(gen_dir: Path, tmp_path: Path) -> None:
+    """The indexer keeps its top-k keys by selection, not a full sort: on 20,000 random
+    arrays with many ties, under ASan/UBSan, the set is the sorted order's first k."""
+    from tests.conftest import SANITIZE, compile_ok
+    from toolchain.command_data import HOST_SOURCES
+
+    others = [str(ROOT / s) for s in HOST_SOURCES if not s.endswith(("model_forward.c", "main.c"))]
+    exe = tmp_path / "topk_check"
+    inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+    compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, str(ROOT / "tests/c/topk_check.c"), *others, "-o", str(exe),
+                "-lm", "-lpthread"])  # fmt: skip
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "select_first == qsort prefix on 20000 arrays" in proc.stdout, proc.stdout
