@@ -64,7 +64,7 @@ typedef enum {
 } bind_decision;
 
 /* inventory_ok: the enumeration completed (a failed one is never "none loaded");
- * mapped: distinct files mapped under the runtime's name; single: how the one
+ * mapped: the modules mapped under the runtime's name, each counted; single: how the one
  * mapped file compares with the configured one (ignored unless mapped == 1). */
 bind_decision coli_bind_decide(int inventory_ok, int mapped, id_compare single);
 const char *coli_bind_decision_name(bind_decision d);

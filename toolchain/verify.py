@@ -79,22 +79,23 @@ def _outside(names: Iterable[str], patterns: tuple[str, ...], fold: bool) -> lis
 _WINDOWS_PATH = re.compile(r"^(?:[A-Za-z]:|\\\\)[\\/]?")
 
 
-def _spellings(text: str) -> set[str]:
-    """A Windows path as a binary may hold it: either separator (case is folded by the
-    caller); any other path as it is."""
+def _spellings(text: str) -> tuple[set[str], bool]:
+    """How a binary may hold `text`, and whether to look with case folded: a Windows path
+    with either separator and in any case; any other path as it is."""
     if not _WINDOWS_PATH.match(text):
-        return {text}
-    return {text.replace("/", "\\").lower(), text.replace("\\", "/").lower()}
+        return {text}, False
+    low = text.lower()
+    return {low.replace("/", "\\"), low.replace("\\", "/")}, True
 
 
 def _leaks(path: Path, forbidden: Iterable[str]) -> list[str]:
     data = path.read_bytes()
     folded = data.lower()  # ASCII letters only, in UTF-8 and UTF-16 alike
     found = []
-    for text in sorted(set(forbidden)):
-        windows = bool(_WINDOWS_PATH.match(text))
-        haystack = folded if windows else data
-        if text and any(s.encode(enc) in haystack for s in _spellings(text) for enc in ("utf-8", "utf-16-le")):
+    for text in sorted(t for t in set(forbidden) if t):
+        spellings, fold = _spellings(text)
+        haystack = folded if fold else data
+        if any(s.encode(enc) in haystack for s in spellings for enc in ("utf-8", "utf-16-le")):
             found.append(text)
     return found
 

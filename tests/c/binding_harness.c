@@ -68,8 +68,10 @@ static int backend_mapped(const char *spec) {
         snprintf(path, sizeof path, "%s", spec);
     }
 #if defined(_WIN32)
-    wchar_t wide[8192];
-    return MultiByteToWideChar(CP_UTF8, 0, path, -1, wide, 8192) && GetModuleHandleW(wide) != NULL;
+    wchar_t *wide = coli_widen(path);
+    int mapped = wide && GetModuleHandleW(wide) != NULL;
+    free(wide);
+    return mapped;
 #else
     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (h) dlclose(h);
@@ -92,10 +94,8 @@ static int npreloads, release_preloads;
 
 static int preload(const char *path) {
 #if defined(_WIN32)
-    int n = MultiByteToWideChar(CP_UTF8, 0, path, -1, NULL, 0);
-    wchar_t *w = malloc((size_t)n * sizeof *w);
-    MultiByteToWideChar(CP_UTF8, 0, path, -1, w, n);
-    void *h = (void *)LoadLibraryExW(w, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
+    wchar_t *w = coli_widen(path);
+    void *h = w ? (void *)LoadLibraryExW(w, NULL, LOAD_WITH_ALTERED_SEARCH_PATH) : NULL;
     free(w);
 #else
     void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
@@ -284,10 +284,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "rawopen") && i < argc) {
         char (*bound)(void) = NULL;
 #if defined(_WIN32)
-        wchar_t wide[4096];
-        HMODULE h = MultiByteToWideChar(CP_UTF8, 0, argv[i], -1, wide, 4096)
-                        ? LoadLibraryExW(wide, NULL, LOAD_WITH_ALTERED_SEARCH_PATH)
-                        : NULL;
+        wchar_t *wide = coli_widen(argv[i]);
+        HMODULE h = wide ? LoadLibraryExW(wide, NULL, LOAD_WITH_ALTERED_SEARCH_PATH) : NULL;
+        free(wide);
         FARPROC f = h ? GetProcAddress(h, "coli_test_bound_runtime") : NULL;
         memcpy(&bound, &f, sizeof bound);
 #else
