@@ -4,7 +4,13 @@
 # (the project's own compile lines, verify, and validate: the selftest's gpu shapes
 # and the engine through CUDA against the CPU path at every format). The Python
 # packages the task graph needs travel as wheels in .whl (README.md, "The GPU run"); sets
-# HOST and LIB, and writes the build's output to $out/build.txt.
+# HOST and LIB, and writes the device's name, the toolkit and the commit to
+# $out/device.txt and the build's output to $out/build.txt.
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvcc --version | tail -1
+  git log -1 --format='%H %s' 2>/dev/null
+} | tee "$out/device.txt"
 if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
     return 1

@@ -9,11 +9,6 @@ cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
 work=$(mktemp -d)
 mkdir -p "$out"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  nvcc --version | tail -1
-  git log -1 --format='%H %s' 2>/dev/null
-} | tee "$out/device.txt"
 source bench/gpu_build.sh || exit 1
 grep -E "^validate|^  (ok|FAIL)" "$out/build.txt"
 "$HOST" --backend "$LIB" --selftest --shapes gpu | tee "$out/selftest.txt"

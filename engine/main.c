@@ -38,9 +38,11 @@ static const char USAGE[] =
     "  --ids LIST         comma-separated token ids\n"
     "  --teacher-force    the argmax at every input position\n"
     "  --generate N       N greedy tokens after the ids\n"
-    "  --quant MODE       f32 (default), int8 or int4 weights for the dense matmuls\n"
-    "  --backend B        run dense matmuls in backend B: ref, cuda or hip (from this program's folder),\n"
+    "  --quant MODE       f32 (default), int8 or int4 weights (dense matmuls and routed experts)\n"
+    "  --backend B        run the model in backend B: ref, cuda or hip (from this program's folder),\n"
     "                     an absolute path, or none (CPU). hip binds the runtime in COLI_HIP_RUNTIME_DIR\n"
+    "  --offload WHAT     with a backend: step (default; the whole forward, every weight resident)\n"
+    "                     or matmuls (only the dense matmuls, one call each; the rest on the CPU)\n"
     "  --threads N        CPU threads (default: the CPUs available, at most 16)\n"
     "  --device N         backend device index (default 0)\n"
     "  --json             one JSON object on stdout\n"
@@ -130,7 +132,7 @@ static void print_phases(FILE *f, const char *key, const double *phase, double t
 int main(int argc, char **argv) {
     argv = coli_args_utf8(&argc, argv);
     const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
-    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count();
+    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count(), whole_step = 1;
     long generate = -1, v;
     quant_mode quant = QUANT_F32;
     selftest_shapes shapes = SELFTEST_CORE_SHAPES;
@@ -153,12 +155,17 @@ int main(int argc, char **argv) {
             teacher = 1;
         } else if (!strcmp(a, "--backend") || !strcmp(a, "--model") || !strcmp(a, "--ids") ||
                    !strcmp(a, "--device") || !strcmp(a, "--threads") || !strcmp(a, "--generate") ||
-                   !strcmp(a, "--quant") || !strcmp(a, "--shapes")) {
+                   !strcmp(a, "--quant") || !strcmp(a, "--shapes") || !strcmp(a, "--offload")) {
             if (!val) return usage_error("option needs a value", a);
             i++;
             if (!strcmp(a, "--backend")) backend_path = strcmp(val, "none") ? val : NULL;
             else if (!strcmp(a, "--model")) model_dir = val;
             else if (!strcmp(a, "--ids")) ids_arg = val;
+            else if (!strcmp(a, "--offload")) {
+                if (!strcmp(val, "step")) whole_step = 1;
+                else if (!strcmp(val, "matmuls")) whole_step = 0;
+                else return usage_error("--offload must be step or matmuls", val);
+            }
             else if (!strcmp(a, "--device")) {
                 if (parse_count(val, 1024, &v)) return usage_error("--device must be an integer in 0..1024", val);
                 device = (int)v;
@@ -239,7 +246,17 @@ int main(int argc, char **argv) {
         free(ids);
         return EXIT_USAGE;
     }
+    char note[400] = "";
+    if (have_backend && whole_step && model_step_prepare(&m, note, sizeof note, err, sizeof err)) {
+        fprintf(stderr, "coli: %s\n", err);
+        model_free(&m);
+        coli_backend_close(&b);
+        free(ids);
+        return EXIT_RUNTIME;
+    }
+    if (note[0]) fprintf(stderr, "coli: %s\n", note);
     t_load = coli_now() - t_load;
+    const char *tier = m.step ? "step" : have_backend ? "matmuls" : "cpu";
     int rc = EXIT_OK;
     float *logits = malloc((size_t)(n * m.c.vocab) * sizeof(float));
     int32_t *pred = malloc((size_t)(n + (generate > 0 ? generate : 0) + 1) * sizeof *pred);
@@ -272,15 +289,14 @@ int main(int argc, char **argv) {
         m.backend_calls = m.backend_matmuls = 0, m.backend_seconds = 0.0; /* from here on: the decode's */
         memcpy(prefill_phases, m.phase_seconds, sizeof prefill_phases);
         memset(m.phase_seconds, 0, sizeof m.phase_seconds);
+        m.round_trips = 0;
         t_rest = coli_now();
-        for (long k = 1; k < generate; k++) {
-            if (model_forward(&m, &pred[k - 1], 1, logits, err, sizeof err)) {
+        for (long k = 1; k < generate; k++)
+            if (model_next(&m, pred[k - 1], &pred[k], err, sizeof err)) {
                 fprintf(stderr, "coli: %s\n", err);
                 rc = EXIT_RUNTIME;
                 goto out;
             }
-            argmax2(logits, m.c.vocab, &pred[k], &last);
-        }
         t_rest = coli_now() - t_rest;
     }
     if (json) {
@@ -310,6 +326,9 @@ int main(int argc, char **argv) {
             fputs(", \"backend_error\": ", stdout);
             json_string(stdout, backend_error);
         }
+        printf(", \"tier\": \"%s\", \"step_ops\": %lld, \"resident_bytes\": %llu, \"round_trips\": %lld", tier,
+               (long long)model_step_ops(&m), (unsigned long long)m.resident_bytes, (long long)m.round_trips);
+        if (!teacher && generate > 1) printf(", \"decode_round_trips\": %lld", (long long)m.round_trips);
         printf(", \"resident_tensors\": %d, \"device\": ", m.resident);
         json_string(stdout, device_name);
         printf(", \"quant\": \"%s\", \"threads\": %d, \"positions\": %lld, \"load_seconds\": %.6f}\n", quant_name,
@@ -326,7 +345,8 @@ int main(int argc, char **argv) {
         printf("\n");
         if (generate > 1) {
             printf("decode %.1f tokens/s, ", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
-            if (m.backend_calls)
+            if (m.step) printf("%lld ops a token in one step, ", (long long)model_step_ops(&m));
+            else if (m.backend_calls)
                 printf("%.0f%% of it in %lld backend calls (%lld matmuls), ",
                        100.0 * m.backend_seconds / (t_rest > 0 ? t_rest : 1e-9), (long long)m.backend_calls,
                        (long long)m.backend_matmuls);

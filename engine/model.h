@@ -60,6 +60,8 @@ typedef struct layer {
 typedef enum { PHASE_LINEARS, PHASE_ROUTED_EXPERTS, PHASE_ATTENTION, PHASE_INDEXER, PHASE_COUNT } forward_phase;
 extern const char *const FORWARD_PHASE_NAMES[PHASE_COUNT];
 
+typedef struct model_step model_step; /* the GPU tier's whole step (model_step.c) */
+
 typedef struct model {
     model_config c;
     st_set st;
@@ -78,6 +80,9 @@ typedef struct model {
     int64_t backend_matmuls; /* the seconds spent in them (copies and waits included): where */
     double backend_seconds;  /* a GPU tier's time goes */
     double phase_seconds[PHASE_COUNT];
+    model_step *step;        /* non-NULL: every forward is one step in the backend */
+    uint64_t resident_bytes; /* what the backend holds for the model: tensors, caches, activations */
+    int64_t round_trips;     /* host copies to and from the step's buffers */
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the
@@ -89,5 +94,19 @@ void model_free(model *m);
 /* Runs tokens ids[0..n) at positions n_pos.. and appends them to the cache.
  * logits: [n, vocab]. Returns non-zero with `err` on failure. */
 int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen);
+
+/* Runs one token `id` at the next position and gives the argmax of its logits (the
+ * first maximum). Through the step only the id goes in and the argmax comes out. */
+int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
+
+/* The whole step (model_step.c): after model_load with a backend, uploads what the
+ * dense linears do not cover and records the steps. Returns non-zero with err on a
+ * failure; 0 with `note` set when the step stays on the CPU (not every linear is
+ * resident, or the device has too little free memory: the note gives the bytes). */
+int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t errlen);
+void model_step_free(model *m);
+int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen);
+int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
+int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one */
 
 #endif

@@ -5,42 +5,9 @@
 #include <string.h>
 
 #include "clock.h"
+#include "cpu_model_ops.h"
 #include "cpu_ops.h"
 #include "model.h"
-
-/* ---- small ops ---------------------------------------------------------- */
-
-static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *out) {
-    float ss = coli_dot_f32(x, x, n) / (float)n;
-    float r = 1.0f / sqrtf(ss + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
-}
-
-static void layernorm(float *x, const float *w, const float *b, int64_t n, float eps) {
-    float mean = 0.0f, var = 0.0f;
-    for (int64_t i = 0; i < n; i++) mean += x[i];
-    mean /= (float)n;
-    for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
-    var /= (float)n;
-    float r = 1.0f / sqrtf(var + eps);
-    for (int64_t i = 0; i < n; i++) x[i] = (x[i] - mean) * r * w[i] + b[i];
-}
-
-/* transformers' apply_rotary_pos_emb_interleave: pairs (x0, x1), (x2, x3) ... are
- * rotated and written de-interleaved: [x_even * cos - x_odd * sin, x_odd * cos + x_even * sin]. */
-static void rope(float *x, int64_t dim, const float *inv_freq, int64_t pos) {
-    float tmp[512];
-    int64_t half = dim / 2;
-    for (int64_t i = 0; i < half; i++) {
-        float f = (float)pos * inv_freq[i], c = cosf(f), s = sinf(f);
-        float a = x[2 * i], b = x[2 * i + 1];
-        tmp[i] = a * c - b * s;
-        tmp[half + i] = b * c + a * s;
-    }
-    memcpy(x, tmp, (size_t)dim * sizeof(float));
-}
-
-static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- matmuls ------------------------------------------------------------ */
 
@@ -162,29 +129,9 @@ static void attn_items(void *ctx, int64_t b, int64_t e) {
         return;
     }
     for (int64_t it = b; it < e; it++) {
-        int64_t s = it / H, h = it % H, last = j->t0 + s;
-        const float *q = j->q + (s * H + h) * qk;
-        const unsigned char *sel = j->sel + s * j->total;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t <= last; t++) {
-            if (!sel[t]) continue;
-            p[t] = coli_dot_f32(q, j->ly->k_cache + (t * H + h) * qk, qk) * j->scaling;
-            if (p[t] > mx) mx = p[t];
-        }
-        float sum = 0.0f;
-        for (int64_t t = 0; t <= last; t++)
-            if (sel[t]) {
-                p[t] = expf(p[t] - mx);
-                sum += p[t];
-            }
-        float *o = j->out + (s * H + h) * V;
-        memset(o, 0, (size_t)V * sizeof(float));
-        for (int64_t t = 0; t <= last; t++) {
-            if (!sel[t]) continue;
-            float w = p[t] / sum;
-            const float *v = j->ly->v_cache + (t * H + h) * V;
-            for (int64_t d = 0; d < V; d++) o[d] += w * v[d];
-        }
+        int64_t s = it / H, h = it % H;
+        coli_attend_one(j->q + (s * H + h) * qk, j->ly->k_cache + h * qk, j->ly->v_cache + h * V, H * qk, H * V, qk, V,
+                        j->sel + s * j->total, j->t0 + s, j->scaling, p, j->out + (s * H + h) * V);
     }
     free(p);
 }
@@ -195,67 +142,25 @@ typedef struct idx_job {
     const model *m;
     const layer *ly;
     const float *iq;  /* [n, index_heads, index_dim] */
-    const float *iw;  /* [n, index_heads], already scaled */
+    const float *iw;  /* [n, index_heads], times weight_scale where used */
+    float weight_scale;
     int64_t n, t0, total;
     unsigned char *sel;
     int failed;
     int keys_parallel; /* few queries: each query's keys are scored on all threads */
 } idx_job;
 
-typedef struct scored { float score; int64_t t; } scored;
-
-static int by_score_desc(const void *a, const void *b) {
-    const scored *x = a, *y = b;
-    if (x->score != y->score) return x->score < y->score ? 1 : -1;
-    return x->t < y->t ? -1 : x->t > y->t; /* ties: the earlier key first */
-}
-
-static int before(const scored *x, const scored *y) { return by_score_desc(x, y) < 0; }
-
-/* Moves the first k of a[0..n) in by_score_desc's order (a total order: ties go to the
- * earlier key) into a[0..k), in no particular order: the set a full sort's first k
- * would be, in linear time on average. */
-static void select_first(scored *a, int64_t n, int64_t k) {
-    int64_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const scored pivot = a[lo + (hi - lo) / 2];
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (i <= hi && before(&a[i], &pivot)) i++;
-            while (j >= lo && before(&pivot, &a[j])) j--;
-            if (i <= j) {
-                const scored tmp = a[i];
-                a[i++] = a[j];
-                a[j--] = tmp;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
-}
-
-/* Query s's score of keys [b, e): the same arithmetic however the keys are split. */
-static void score_keys_of(const idx_job *j, int64_t s, scored *sc, int64_t b, int64_t e) {
+/* Query s's score of keys [b, e). */
+static void score_keys_of(const idx_job *j, int64_t s, coli_scored *sc, int64_t b, int64_t e) {
     const model_config *c = &j->m->c;
     const int64_t D = c->index_head_dim, IH = c->index_heads;
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int64_t t = b; t < e; t++) {
-        const float *k = j->ly->ik_cache + t * D;
-        float total = 0.0f;
-        for (int64_t h = 0; h < IH; h++) {
-            float d = coli_dot_f32(j->iq + (s * IH + h) * D, k, D) * scale;
-            total += j->iw[s * IH + h] * (d > 0.0f ? d : 0.0f);
-        }
-        sc[t].score = total;
-        sc[t].t = t;
-    }
+    coli_index_scores(j->iq + s * IH * D, j->iw + s * IH, j->weight_scale, j->ly->ik_cache, IH, D, b, e, sc);
 }
 
 typedef struct key_job {
     const idx_job *j;
     int64_t s;
-    scored *sc;
+    coli_scored *sc;
 } key_job;
 
 static void score_keys(void *ctx, int64_t b, int64_t e) {
@@ -266,73 +171,23 @@ static void score_keys(void *ctx, int64_t b, int64_t e) {
 static void idx_items(void *ctx, int64_t b, int64_t e) {
     idx_job *j = ctx;
     const model_config *c = &j->m->c;
-    scored *sc = malloc((size_t)j->total * sizeof *sc);
+    coli_scored *sc = malloc((size_t)j->total * sizeof *sc);
     if (!sc) {
         j->failed = 1;
         return;
     }
     for (int64_t s = b; s < e; s++) {
-        int64_t last = j->t0 + s, valid = last + 1;
+        int64_t valid = j->t0 + s + 1;
         unsigned char *sel = j->sel + s * j->total;
         memset(sel, 0, (size_t)j->total);
-        if (valid <= c->index_topk) {
-            memset(sel, 1, (size_t)valid);
-            continue;
+        if (valid > c->index_topk) {
+            key_job kj = {j, s, sc};
+            if (j->keys_parallel) pool_run(j->m->pool, score_keys, &kj, valid);
+            else score_keys_of(j, s, sc, 0, valid);
         }
-        key_job kj = {j, s, sc};
-        if (j->keys_parallel) pool_run(j->m->pool, score_keys, &kj, valid);
-        else score_keys_of(j, s, sc, 0, valid);
-        select_first(sc, valid, c->index_topk);
-        for (int64_t i = 0; i < c->index_topk; i++) sel[sc[i].t] = 1;
+        coli_index_select(sc, valid, c->index_topk, sel);
     }
     free(sc);
-}
-
-/* ---- MoE routing --------------------------------------------------------- */
-
-/* transformers' GlmMoeDsaTopkRouter for one token: sigmoid scores, a bias for
- * the choice only, top groups by the sum of their two best, top-k experts. */
-static void route(const model_config *c, const float *logits, const float *bias, int64_t *idx, float *w) {
-    const int64_t E = c->experts, G = c->n_group, per = E / G;
-    float score[1024], choice[1024], gscore[1024];
-    unsigned char group_on[1024];
-    for (int64_t e = 0; e < E; e++) {
-        score[e] = 1.0f / (1.0f + expf(-logits[e]));
-        choice[e] = score[e] + bias[e];
-    }
-    for (int64_t g = 0; g < G; g++) {
-        float a = -INFINITY, b2 = -INFINITY;
-        for (int64_t e = g * per; e < (g + 1) * per; e++) {
-            if (choice[e] > a) { b2 = a; a = choice[e]; }
-            else if (choice[e] > b2) b2 = choice[e];
-        }
-        gscore[g] = a + b2;
-        group_on[g] = 0;
-    }
-    for (int64_t k = 0; k < c->topk_group; k++) {
-        int64_t best = -1;
-        for (int64_t g = 0; g < G; g++)
-            if (!group_on[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-        if (best < 0) break;
-        group_on[best] = 1;
-    }
-    unsigned char taken[1024] = {0};
-    for (int64_t k = 0; k < c->experts_per_tok; k++) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; e++)
-            if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
-        if (best < 0) best = 0; /* unreachable: the config check keeps k <= experts in the chosen groups */
-        taken[best] = 1;
-        idx[k] = best;
-        w[k] = score[best];
-    }
-    if (c->norm_topk_prob) {
-        float sum = 0.0f;
-        for (int64_t k = 0; k < c->experts_per_tok; k++) sum += w[k];
-        sum += 1e-20f;
-        for (int64_t k = 0; k < c->experts_per_tok; k++) w[k] /= sum;
-    }
-    for (int64_t k = 0; k < c->experts_per_tok; k++) w[k] *= (float)c->routed_scaling;
 }
 
 /* ---- the forward pass ---------------------------------------------------- */
@@ -344,7 +199,7 @@ static int mlp(model *m, const linear *gate, const linear *up, const linear *dow
     const linear *gu[] = {gate, up};
     float *const gu_out[] = {g, u};
     TRY(linears_fwd(m, gu, 2, x, n, gu_out, err, errlen));
-    for (int64_t i = 0; i < n * gate->rows; i++) g[i] = silu(g[i]) * u[i];
+    for (int64_t i = 0; i < n * gate->rows; i++) g[i] = coli_silu(g[i]) * u[i];
     TRY(linear_fwd(m, down, g, n, out, err, errlen));
     return 0;
 fail:
@@ -355,7 +210,8 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
                char *err, size_t errlen) {
     const model_config *c = &m->c;
     const int64_t H = c->hidden, I = c->moe_intermediate, K = c->experts_per_tok, E = c->experts;
-    int64_t *idx = malloc((size_t)(n * K) * sizeof *idx), *members = malloc((size_t)n * sizeof *members);
+    int32_t *idx = malloc((size_t)(n * K) * sizeof *idx);
+    int64_t *members = malloc((size_t)n * sizeof *members);
     float *w = malloc((size_t)(n * K) * sizeof *w), *logits = malloc((size_t)(n * E) * sizeof *logits);
     float *xin = malloc((size_t)(n * H) * sizeof *xin), *eg = malloc((size_t)(n * I) * sizeof *eg);
     float *eu = malloc((size_t)(n * I) * sizeof *eu), *eo = malloc((size_t)(n * H) * sizeof *eo);
@@ -368,7 +224,9 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
     TRY(mlp(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, h, n, g, u, shared, err, errlen));
     const double t0 = coli_now();
     matmul_f32(m, ly->router, E, H, h, n, logits);
-    for (int64_t s = 0; s < n; s++) route(c, logits + s * E, ly->router_bias, idx + s * K, w + s * K);
+    for (int64_t s = 0; s < n; s++)
+        coli_route(logits + s * E, ly->router_bias, E, c->n_group, c->topk_group, K, c->norm_topk_prob,
+                   (float)c->routed_scaling, idx + s * K, w + s * K);
     memset(out, 0, (size_t)(n * H) * sizeof *out);
     /* expert by expert, as transformers adds them, with every token routed to it batched */
     for (int64_t e = 0; e < E; e++) {
@@ -387,13 +245,13 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
             mm_job jg = {&ex[0], NULL, I, H, xin, cnt, eg}, ju = {&ex[1], NULL, I, H, xin, cnt, eu};
             run_rows(m, &jg);
             run_rows(m, &ju);
-            for (int64_t i = 0; i < cnt * I; i++) eg[i] = silu(eg[i]) * eu[i];
+            for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
             mm_job jd = {&ex[2], NULL, H, I, eg, cnt, eo};
             run_rows(m, &jd);
         } else {
             matmul_f32(m, ly->e_gate[e], I, H, xin, cnt, eg);
             matmul_f32(m, ly->e_up[e], I, H, xin, cnt, eu);
-            for (int64_t i = 0; i < cnt * I; i++) eg[i] = silu(eg[i]) * eu[i];
+            for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
             matmul_f32(m, ly->e_down[e], H, I, eg, cnt, eo);
         }
         for (int64_t r = 0; r < cnt; r++)
@@ -425,6 +283,7 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                      (long long)(t0 + s), (long long)(c->vocab - 1));
             return 1;
         }
+    if (m->step) return model_step_forward(m, ids, n, logits, err, errlen);
     float *x = malloc((size_t)(n * H) * sizeof(float)), *h = malloc((size_t)(n * H) * sizeof(float));
     float *qa = malloc((size_t)(n * c->q_lora) * sizeof(float)), *qr = malloc((size_t)(n * c->q_lora) * sizeof(float));
     float *q = malloc((size_t)(n * NH * qk) * sizeof(float));
@@ -446,7 +305,7 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
     const float scaling = 1.0f / sqrtf((float)qk);
     for (int64_t l = 0; l < c->layers; l++) {
         layer *ly = &m->layers[l];
-        for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->in_norm, H, (float)c->rms_eps, h + s * H);
+        for (int64_t s = 0; s < n; s++) coli_rmsnorm(x + s * H, ly->in_norm, H, (float)c->rms_eps, h + s * H);
         /* MLA: queries through the q LoRA, keys and values from the compressed latent.
          * The linears that read h, then those that read qr, go as one backend call each
          * (the indexer's wk and wq_b only in a layer that runs its indexer). */
@@ -454,13 +313,13 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
         const linear *from_h[] = {&ly->q_a, &ly->kv_a, &ly->idx_k}, *from_qr[] = {&ly->q_b, &ly->idx_q};
         float *const h_out[] = {qa, ckv, ik}, *const qr_out[] = {q, iq};
         TRY(linears_fwd(m, from_h, full ? 3 : 2, h, n, h_out, err, errlen));
-        for (int64_t s = 0; s < n; s++) rmsnorm(qa + s * c->q_lora, ly->q_a_norm, c->q_lora, 1e-6f, qr + s * c->q_lora);
+        for (int64_t s = 0; s < n; s++) coli_rmsnorm(qa + s * c->q_lora, ly->q_a_norm, c->q_lora, 1e-6f, qr + s * c->q_lora);
         TRY(linears_fwd(m, from_qr, full ? 2 : 1, qr, n, qr_out, err, errlen));
         const int64_t kvw = c->kv_lora + c->qk_rope;
         for (int64_t s = 0; s < n; s++) {
-            rmsnorm(ckv + s * kvw, ly->kv_a_norm, c->kv_lora, 1e-6f, kvn + s * c->kv_lora);
-            rope(ckv + s * kvw + c->kv_lora, c->qk_rope, m->inv_freq, t0 + s);
-            for (int64_t hh = 0; hh < NH; hh++) rope(q + (s * NH + hh) * qk + c->qk_nope, c->qk_rope, m->inv_freq, t0 + s);
+            coli_rmsnorm(ckv + s * kvw, ly->kv_a_norm, c->kv_lora, 1e-6f, kvn + s * c->kv_lora);
+            coli_rope(ckv + s * kvw + c->kv_lora, c->qk_rope, m->inv_freq, t0 + s);
+            for (int64_t hh = 0; hh < NH; hh++) coli_rope(q + (s * NH + hh) * qk + c->qk_nope, c->qk_rope, m->inv_freq, t0 + s);
         }
         TRY(linear_fwd(m, &ly->kv_b, kvn, n, kv, err, errlen));
         for (int64_t s = 0; s < n; s++) {
@@ -476,15 +335,13 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
         double t_phase = coli_now();
         if (full) {
             matmul_f32(m, ly->idx_weights, IH, H, h, n, iw);
-            const float wscale = 1.0f / sqrtf((float)IH);
             for (int64_t s = 0; s < n; s++) {
-                layernorm(ik + s * ID, ly->idx_k_norm_w, ly->idx_k_norm_b, ID, 1e-6f);
-                rope(ik + s * ID, c->qk_rope, m->inv_freq, t0 + s);
+                coli_layernorm(ik + s * ID, ly->idx_k_norm_w, ly->idx_k_norm_b, ID, 1e-6f);
+                coli_rope(ik + s * ID, c->qk_rope, m->inv_freq, t0 + s);
                 memcpy(ly->ik_cache + (t0 + s) * ID, ik + s * ID, (size_t)ID * sizeof(float));
-                for (int64_t hh = 0; hh < IH; hh++) rope(iq + (s * IH + hh) * ID, c->qk_rope, m->inv_freq, t0 + s);
-                for (int64_t hh = 0; hh < IH; hh++) iw[s * IH + hh] *= wscale;
+                for (int64_t hh = 0; hh < IH; hh++) coli_rope(iq + (s * IH + hh) * ID, c->qk_rope, m->inv_freq, t0 + s);
             }
-            idx_job ij = {m, ly, iq, iw, n, t0, total, sel, 0, 0};
+            idx_job ij = {m, ly, iq, iw, 1.0f / sqrtf((float)IH), n, t0, total, sel, 0, 0};
             /* a decoded token is one query: its keys are what splits across threads */
             if (n * total * IH * ID < PARALLEL_MIN_MACS) idx_items(&ij, 0, n);
             else if (n < pool_threads(m->pool)) ij.keys_parallel = 1, idx_items(&ij, 0, n);
@@ -506,12 +363,12 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
         m->phase_seconds[PHASE_ATTENTION] += coli_now() - t_phase;
         TRY(linear_fwd(m, &ly->o, att, n, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
-        for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, ly->post_norm, H, (float)c->rms_eps, h + s * H);
+        for (int64_t s = 0; s < n; s++) coli_rmsnorm(x + s * H, ly->post_norm, H, (float)c->rms_eps, h + s * H);
         if (c->mlp_sparse[l]) TRY(moe(m, ly, h, n, g, u, o, sh, err, errlen));
         else TRY(mlp(m, &ly->gate, &ly->up, &ly->down, h, n, g, u, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
     }
-    for (int64_t s = 0; s < n; s++) rmsnorm(x + s * H, m->final_norm, H, (float)c->rms_eps, h + s * H);
+    for (int64_t s = 0; s < n; s++) coli_rmsnorm(x + s * H, m->final_norm, H, (float)c->rms_eps, h + s * H);
     TRY(linear_fwd(m, &m->lm_head, h, n, logits, err, errlen));
     m->n_pos = total;
     rc = 0;
@@ -519,5 +376,25 @@ done:
 fail:
     free(x); free(h); free(qa); free(qr); free(q); free(ckv); free(kvn); free(kv); free(att); free(o);
     free(iq); free(ik); free(iw); free(g); free(u); free(sh); free(sel);
+    return rc;
+}
+
+int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen) {
+    if (m->step) {
+        if (id < 0 || id >= m->c.vocab || m->n_pos + 1 > m->max_pos) {
+            snprintf(err, errlen, "token %d at position %lld: outside the vocabulary (0..%lld) or the cache of %lld",
+                     id, (long long)m->n_pos, (long long)(m->c.vocab - 1), (long long)m->max_pos);
+            return 1;
+        }
+        return model_step_next(m, id, next, err, errlen);
+    }
+    float *logits = malloc((size_t)m->c.vocab * sizeof *logits);
+    if (!logits) {
+        snprintf(err, errlen, "out of memory for the logits");
+        return 1;
+    }
+    int rc = model_forward(m, &id, 1, logits, err, errlen);
+    if (!rc) *next = coli_argmax(logits, m->c.vocab);
+    free(logits);
     return rc;
 }

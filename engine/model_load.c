@@ -303,6 +303,8 @@ static void offload(loader_ctx *L, linear *l) {
         return;
     }
     L->m->resident++;
+    uint64_t bytes = 0;
+    if (b->api.tensor_size(l->dev, &bytes) == COLI_OK) L->m->resident_bytes += bytes;
     free(l->owned);
     free(l->q8);
     free(l->q4);
@@ -555,6 +557,7 @@ static void linear_free(model *m, linear *l) {
 
 void model_free(model *m) {
     const model_config *c = &m->c;
+    model_step_free(m);
     if (m->layers) {
         for (int64_t i = 0; i < c->layers; i++) {
             layer *ly = &m->layers[i];

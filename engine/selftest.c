@@ -7,6 +7,7 @@
 
 #include "cpu_ops.h"
 #include "json_out.h"
+#include "selftest_ops.h"
 
 #define TOLERANCE 2e-4 /* max |y - ref| / max |ref|: float sums in a different order */
 typedef struct shape { int64_t rows, cols, s; int32_t group; } shape;
@@ -53,14 +54,6 @@ enum {
 };
 static const char *FORMAT_NAMES[] = {"f32", "int8", "int4"};
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static float rnd(void) { /* xorshift64*, uniform in [-1, 1) */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (float)((rng_state * 0x2545F4914F6CDD1DULL) >> 40) / (float)(1 << 23) - 1.0f;
-}
-
 typedef struct check {
     int format; /* -1: matmul_many over the MANY weights */
     shape sh;
@@ -86,7 +79,7 @@ static int upload_with_ref(coli_backend *b, int format, shape sh, const float *x
     int status = -1;
     *t = 0;
     if (w && scale && q8 && q4) {
-        for (size_t i = 0; i < n; i++) w[i] = rnd();
+        for (size_t i = 0; i < n; i++) w[i] = selftest_rnd();
         if (format == COLI_FMT_F32) {
             coli_matmul_f32(w, sh.rows, sh.cols, x, sh.s, ref);
             status = b->api.tensor_upload_f32(w, sh.rows, sh.cols, t);
@@ -135,7 +128,7 @@ static void run_check(coli_backend *b, const int *formats, const int64_t *rows, 
         snprintf(c->message, sizeof c->message, "out of host memory");
         goto done;
     }
-    for (int64_t i = 0; i < sh.s * sh.cols; i++) x[i] = rnd();
+    for (int64_t i = 0; i < sh.s * sh.cols; i++) x[i] = selftest_rnd();
     for (int i = 0; i < count && c->status == COLI_OK; i++) {
         shape one = {rows[i], sh.cols, sh.s, sh.group};
         for (int64_t k = 0; k < sh.s * rows[i]; k++) ys[i][k] = NAN; /* poison: an unwritten output fails */
@@ -162,13 +155,6 @@ done:
     free(x);
 }
 
-typedef struct bad_case {
-    const char *name;
-    int expected;
-    int got;
-    char message[256];
-} bad_case;
-
 /* Each bad input must give its status and a reason, never a crash. */
 static int run_bad_inputs(coli_backend *b, bad_case *cases) {
     float w[64], x[64], y[8];
@@ -179,14 +165,7 @@ static int run_bad_inputs(coli_backend *b, bad_case *cases) {
     memset(q4, 0x88, sizeof q4);
     b->api.tensor_upload_f32(w, 8, 8, &freed);
     b->api.tensor_free(freed);
-#define BAD(label, want, call)                                                   \
-    do {                                                                         \
-        cases[n].name = label;                                                   \
-        cases[n].expected = want;                                                \
-        cases[n].got = (call);                                                   \
-        snprintf(cases[n].message, sizeof cases[n].message, "%s", b->api.last_error()); \
-        n++;                                                                     \
-    } while (0)
+#define BAD(label, want, call) SELFTEST_CASE(cases, n, b, label, want, call)
     BAD("matmul on a freed tensor", COLI_E_BAD_TENSOR, b->api.matmul(freed, x, 1, 8, y));
     BAD("matmul on a foreign tensor", COLI_E_BAD_TENSOR, b->api.matmul(0x7A7A000100000000ULL, x, 1, 8, y));
     BAD("matmul on tensor 0", COLI_E_BAD_TENSOR, b->api.matmul(0, x, 1, 8, y));
@@ -238,7 +217,8 @@ static void print_unavailable(coli_backend *b, const char *reason, int json, FIL
 int coli_selftest(coli_backend *b, int device, selftest_shapes set, int json, FILE *out) {
     enum { NMANY = (int)(sizeof MANY_S / sizeof MANY_S[0]) };
     check checks[3 * (NCORE + NGPU) + NMANY];
-    bad_case bad[24];
+    bad_case bad[48];
+    op_check ops[OP_CHECKS_MAX];
     coli_device_info info;
     char reason[600];
     int passed = 1, resident_after = -1;
@@ -267,7 +247,11 @@ int coli_selftest(coli_backend *b, int device, selftest_shapes set, int json, FI
         }
     for (int k = 0; k < ncheck; k++)
         if (checks[k].status != COLI_OK || !(checks[k].err <= TOLERANCE)) passed = 0;
+    const int nops = selftest_ops(b, ops);
+    for (int k = 0; k < nops; k++)
+        if (!op_check_ok(&ops[k], TOLERANCE)) passed = 0;
     int nbad = run_bad_inputs(b, bad);
+    nbad += selftest_step_bad_inputs(b, bad + nbad);
     for (int i = 0; i < nbad; i++)
         if (bad[i].got != bad[i].expected || !bad[i].message[0]) passed = 0;
     b->api.resident_count(&resident_after);
@@ -301,6 +285,16 @@ int coli_selftest(coli_backend *b, int device, selftest_shapes set, int json, FI
             json_string(out, c->message);
             fprintf(out, ", \"ok\": %s}", c->status == COLI_OK && c->err <= TOLERANCE ? "true" : "false");
         }
+        fputs("], \"op_checks\": [", out);
+        for (int k = 0; k < nops; k++) {
+            fprintf(out, "%s{\"op\": \"%s\", \"what\": ", k ? ", " : "", ops[k].op);
+            json_string(out, ops[k].what);
+            if (isfinite(ops[k].err)) fprintf(out, ", \"%s\": %.3g", ops[k].exact ? "differ" : "max_rel_err", ops[k].err);
+            else fprintf(out, ", \"max_rel_err\": null");
+            fprintf(out, ", \"status\": %d, \"message\": ", ops[k].status);
+            json_string(out, ops[k].message);
+            fprintf(out, ", \"ok\": %s}", op_check_ok(&ops[k], TOLERANCE) ? "true" : "false");
+        }
         fputs("], \"bad_input\": [", out);
         for (int i = 0; i < nbad; i++) {
             fprintf(out, "%s{\"case\": ", i ? ", " : "");
@@ -327,8 +321,12 @@ int coli_selftest(coli_backend *b, int device, selftest_shapes set, int json, FI
                         c->status == COLI_OK && c->err <= TOLERANCE ? "ok" : "FAIL", c->message[0] ? ": " : "",
                         c->message);
         }
+        for (int k = 0; k < nops; k++)
+            fprintf(out, "  op %-16s %-62s %s %.2e  %s%s%s\n", ops[k].op, ops[k].what, ops[k].exact ? "differ" : "err",
+                    ops[k].err, op_check_ok(&ops[k], TOLERANCE) ? "ok" : "FAIL", ops[k].message[0] ? ": " : "",
+                    ops[k].message);
         for (int i = 0; i < nbad; i++)
-            fprintf(out, "  bad input: %-32s status %d (want %d)  %s\n", bad[i].name, bad[i].got, bad[i].expected,
+            fprintf(out, "  bad input: %-40s status %d (want %d)  %s\n", bad[i].name, bad[i].got, bad[i].expected,
                     bad[i].got == bad[i].expected && bad[i].message[0] ? "ok" : "FAIL");
         fprintf(out, "%s\n", passed ? "selftest passed" : "selftest FAILED");
     }

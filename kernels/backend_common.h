@@ -43,34 +43,38 @@ typedef struct coli_weight {
     int64_t rows, cols;
     int32_t group;
     int32_t layout;
+    int32_t holds; /* steps that use it: it is not freed while any does */
     void *q;
     float *scale;
     uint64_t bytes;
 } coli_weight;
 
 /* Handles: tag (16 bits) | generation (16) | slot (32). A freed slot bumps its
- * generation, so a stale handle fails the check instead of reaching freed memory. */
+ * generation, so a stale handle fails the check instead of reaching freed memory.
+ * A backend keeps one table for each kind of handle (tensors, buffers, steps),
+ * each with its own tag, so a handle of one kind is never taken for another. */
 typedef struct coli_slot {
     uint16_t gen;
     int live;
-    coli_weight *w;
+    void *p;
 } coli_slot;
 
 typedef struct coli_table {
     uint16_t tag;
+    const char *what; /* "tensor", "buffer", "step": for the messages */
     coli_slot *slots;
     uint32_t count, cap;
     int32_t live;
 } coli_table;
 
-static coli_status coli_table_add(coli_table *t, coli_weight *w, coli_tensor *out) {
+static coli_status coli_table_add(coli_table *t, void *p, uint64_t *out) {
     uint32_t i = 0;
     while (i < t->count && t->slots[i].live) i++;
     if (i == t->count) {
         if (t->count == t->cap) {
             uint32_t cap = t->cap ? t->cap * 2 : 64;
             coli_slot *s = (coli_slot *)realloc(t->slots, cap * sizeof *s);
-            if (!s) return coli_fail(COLI_E_OUT_OF_MEMORY, "cannot grow the tensor table to %u slots", cap);
+            if (!s) return coli_fail(COLI_E_OUT_OF_MEMORY, "cannot grow the %s table to %u slots", t->what, cap);
             t->slots = s;
             t->cap = cap;
         }
@@ -78,30 +82,37 @@ static coli_status coli_table_add(coli_table *t, coli_weight *w, coli_tensor *ou
         t->count++;
     }
     t->slots[i].live = 1;
-    t->slots[i].w = w;
+    t->slots[i].p = p;
     t->live++;
     *out = ((uint64_t)t->tag << 48) | ((uint64_t)t->slots[i].gen << 32) | i;
     return COLI_OK;
 }
 
-static coli_status coli_table_get(const coli_table *t, coli_tensor h, coli_weight **out) {
+static coli_status coli_table_find(const coli_table *t, uint64_t h, void **out) {
     uint16_t tag = (uint16_t)(h >> 48), gen = (uint16_t)(h >> 32);
     uint32_t i = (uint32_t)h;
-    if (h == 0) return coli_fail(COLI_E_BAD_TENSOR, "tensor handle is 0 (never a valid tensor)");
+    if (h == 0) return coli_fail(COLI_E_BAD_TENSOR, "%s handle is 0 (never a valid %s)", t->what, t->what);
     if (tag != t->tag)
-        return coli_fail(COLI_E_BAD_TENSOR, "tensor handle 0x%016llx belongs to another backend",
-                         (unsigned long long)h);
+        return coli_fail(COLI_E_BAD_TENSOR, "%s handle 0x%016llx belongs to another backend or is not a %s", t->what,
+                         (unsigned long long)h, t->what);
     if (i >= t->count || !t->slots[i].live || t->slots[i].gen != gen)
-        return coli_fail(COLI_E_BAD_TENSOR, "tensor handle 0x%016llx is unknown or already freed",
+        return coli_fail(COLI_E_BAD_TENSOR, "%s handle 0x%016llx is unknown or already freed", t->what,
                          (unsigned long long)h);
-    *out = t->slots[i].w;
+    *out = t->slots[i].p;
     return COLI_OK;
 }
 
-static void coli_table_remove(coli_table *t, coli_tensor h) {
+static coli_status coli_table_get(const coli_table *t, coli_tensor h, coli_weight **out) {
+    void *p = NULL;
+    const coli_status st = coli_table_find(t, h, &p);
+    if (!st) *out = (coli_weight *)p;
+    return st;
+}
+
+static void coli_table_remove(coli_table *t, uint64_t h) {
     uint32_t i = (uint32_t)h;
     t->slots[i].live = 0;
-    t->slots[i].w = NULL;
+    t->slots[i].p = NULL;
     t->slots[i].gen = (uint16_t)(t->slots[i].gen + 1 ? t->slots[i].gen + 1 : 1);
     t->live--;
 }

@@ -7,21 +7,18 @@
 #include "gpu_compat.h"
 #include "backend_common.h"
 
-static coli_table g_tensors = {COLI_GPU_TAG, NULL, 0, 0, 0};
+static coli_table g_tensors = {COLI_GPU_TAG, "tensor", NULL, 0, 0, 0};
+static coli_table g_buffers = {COLI_GPU_TAG + 1, "buffer", NULL, 0, 0, 0};
+static coli_table g_steps = {COLI_GPU_TAG + 2, "step", NULL, 0, 0, 0};
 static int g_ready = 0;
 static float *g_x = NULL, *g_y = NULL, *g_planes = NULL; /* device scratch for activations */
 static size_t g_x_cap = 0, g_y_cap = 0, g_planes_cap = 0;
 static float *g_hx = NULL, *g_hy = NULL; /* page-locked host copies of x and y */
 static size_t g_hx_cap = 0, g_hy_cap = 0;
 
-#define GPU_CHECK(call)                                                                          \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess)                                                                   \
-            return coli_fail(COLI_E_RUNTIME, "%s failed: %s", #call, cudaGetErrorString(e_));    \
-    } while (0)
 
-#include "gpu_dispatch.cuh"
+#include "backend_steps.h"
+#include "gpu_steps.cuh"
 
 COLI_API uint32_t coli_abi_version(void) { return COLI_ABI_VERSION; }
 COLI_API const char *coli_backend_name(void) { return COLI_GPU_API; }
@@ -44,6 +41,7 @@ COLI_API coli_status coli_backend_init(int32_t device) {
     if (device < 0 || device >= n)
         return coli_fail(COLI_E_NO_DEVICE, "device %d requested, %d present", (int)device, n);
     GPU_CHECK(cudaSetDevice(device));
+    if (!g_step_stream) GPU_CHECK(cudaStreamCreate(&g_step_stream)); /* blocking: ordered with the copies */
     g_ready = 1;
     return COLI_OK;
 }
@@ -55,8 +53,11 @@ static void release(coli_weight *w) {
 }
 
 COLI_API coli_status coli_backend_shutdown(void) {
+    coli_steps_reset();
+    if (g_step_stream) (void)cudaStreamDestroy(g_step_stream);
+    g_step_stream = NULL;
     for (uint32_t i = 0; i < g_tensors.count; i++)
-        if (g_tensors.slots[i].live) release(g_tensors.slots[i].w);
+        if (g_tensors.slots[i].live) release((coli_weight *)g_tensors.slots[i].p);
     coli_table_reset(&g_tensors);
     if (g_x) (void)cudaFree(g_x);
     if (g_y) (void)cudaFree(g_y);
@@ -241,4 +242,32 @@ COLI_API coli_status coli_matmul_many(const coli_tensor *weights, int32_t count,
 COLI_API coli_status coli_backend_set_threads(int32_t threads) {
     if (threads < 1) return coli_fail(COLI_E_INVALID, "set_threads: %d, must be at least 1", (int)threads);
     return COLI_OK; /* the GPU backend does no host-side parallel work */
+}
+
+/* ---- buffers and steps (gpu_steps.cuh runs the ops) ---- */
+
+static coli_status mem_alloc(uint64_t bytes, void **out) {
+    cudaError_t e = cudaMalloc(out, (size_t)bytes);
+    if (e == cudaSuccess) e = cudaMemset(*out, 0, (size_t)bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (*out) (void)cudaFree(*out);
+        *out = NULL;
+        return coli_fail(COLI_E_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %llu device bytes: %s",
+                         (unsigned long long)bytes, cudaGetErrorString(e));
+    }
+    return COLI_OK;
+}
+
+static void mem_free(void *p) { (void)cudaFree(p); }
+
+/* The legacy stream's copies wait for the step stream's work before them (a blocking stream). */
+static coli_status mem_write(void *dst, const void *src, uint64_t bytes) {
+    GPU_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyHostToDevice));
+    return COLI_OK;
+}
+
+static coli_status mem_read(void *dst, const void *src, uint64_t bytes) {
+    GPU_CHECK(cudaMemcpy(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost));
+    return COLI_OK;
 }

@@ -3,11 +3,14 @@
  * machine, and is the yardstick the GPU backends are checked against. */
 #define COLI_BUILDING_BACKEND 1
 #include "backend_common.h"
+#include "cpu_model_ops.h"
 #include "cpu_ops.h"
 
 #define REF_TAG 0x5246 /* "RF" */
 
-static coli_table g_tensors = {REF_TAG, NULL, 0, 0, 0};
+static coli_table g_tensors = {REF_TAG, "tensor", NULL, 0, 0, 0};
+static coli_table g_buffers = {REF_TAG + 1, "buffer", NULL, 0, 0, 0};
+static coli_table g_steps = {REF_TAG + 2, "step", NULL, 0, 0, 0};
 static int g_ready;
 static int32_t g_threads = 1;
 
@@ -27,9 +30,12 @@ static void release(coli_weight *w) {
     free(w);
 }
 
+#include "backend_steps.h"
+
 COLI_API coli_status coli_backend_shutdown(void) {
+    coli_steps_reset();
     for (uint32_t i = 0; i < g_tensors.count; i++)
-        if (g_tensors.slots[i].live) release(g_tensors.slots[i].w);
+        if (g_tensors.slots[i].live) release((coli_weight *)g_tensors.slots[i].p);
     coli_table_reset(&g_tensors);
     g_ready = 0;
     return COLI_OK;
@@ -113,5 +119,173 @@ COLI_API coli_status coli_matmul_many(const coli_tensor *weights, int32_t count,
 COLI_API coli_status coli_backend_set_threads(int32_t threads) {
     if (threads < 1) return coli_fail(COLI_E_INVALID, "set_threads: %d, must be at least 1", (int)threads);
     g_threads = threads;
+    return COLI_OK;
+}
+
+/* ---- steps: the ops run here, one after another, when the step runs ---- */
+
+static coli_status mem_alloc(uint64_t bytes, void **out) {
+    *out = calloc(1, (size_t)bytes);
+    return *out ? COLI_OK : coli_fail(COLI_E_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %llu bytes",
+                                      (unsigned long long)bytes);
+}
+
+static void mem_free(void *p) { free(p); }
+
+static coli_status mem_write(void *dst, const void *src, uint64_t bytes) {
+    memcpy(dst, src, (size_t)bytes);
+    return COLI_OK;
+}
+
+static coli_status mem_read(void *dst, const void *src, uint64_t bytes) {
+    memcpy(dst, src, (size_t)bytes);
+    return COLI_OK;
+}
+
+static void rec_release(coli_rec *r) { (void)r; }
+
+static void matmul_bias(const coli_weight *w, const float *x, int64_t s, float *y, const float *bias) {
+    run_matmul(w, x, s, y);
+    if (bias)
+        for (int64_t t = 0; t < s; t++)
+            for (int64_t r = 0; r < w->rows; r++) y[t * w->rows + r] += bias[r];
+}
+
+/* The routed experts of each row, in ascending expert order, as the engine adds them. */
+static coli_status run_moe(const coli_rec_op *r) {
+    const coli_moe_operands a = coli_unpack_moe(&r->op, r->p);
+    const int64_t inter = r->w[0]->rows, hid = r->w[0]->cols, experts = a.n_tensors / 3;
+    float *g = (float *)malloc((size_t)(2 * inter + hid) * sizeof(float)), *u = g + inter, *eo = u + inter;
+    if (!g) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: moe: out of host memory");
+    for (int64_t row = 0; row < a.rows; row++) {
+        const int32_t *idx = a.idx + row * a.k;
+        float *out = a.out + row * hid;
+        const float *x = a.x + row * hid;
+        memset(out, 0, (size_t)hid * sizeof(float));
+        for (int64_t e = 0; e < experts; e++)
+            for (int64_t j = 0; j < a.k; j++) {
+                if (idx[j] != e) continue;
+                run_matmul(r->w[3 * e], x, 1, g);
+                run_matmul(r->w[3 * e + 1], x, 1, u);
+                for (int64_t i = 0; i < inter; i++) g[i] = coli_silu(g[i]) * u[i];
+                run_matmul(r->w[3 * e + 2], g, 1, eo);
+                for (int64_t d = 0; d < hid; d++) out[d] += eo[d] * a.w[row * a.k + j];
+            }
+        for (int64_t j = 0; j < a.k; j++)
+            if (idx[j] < 0 || idx[j] >= experts) {
+                free(g);
+                return coli_fail(COLI_E_INVALID, "step_run: moe: row %lld routes to expert %d of %lld",
+                                 (long long)row, (int)idx[j], (long long)experts);
+            }
+    }
+    free(g);
+    return COLI_OK;
+}
+
+static coli_status run_indexer(const coli_rec_op *r, int64_t pos) {
+    const coli_indexer_operands a = coli_unpack_indexer(&r->op, r->p);
+    coli_scored *sc = (coli_scored *)malloc((size_t)(pos + a.rows) * sizeof *sc);
+    if (!sc) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: indexer: out of host memory");
+    for (int64_t row = 0; row < a.rows; row++) {
+        const int64_t valid = pos + row + 1;
+        uint8_t *sel = a.sel + row * a.sel_stride;
+        memset(sel, 0, (size_t)(pos + a.rows));
+        if (valid > a.topk)
+            coli_index_scores(a.iq + row * a.heads * a.dim, a.iw + row * a.heads, a.weight_scale, a.keys, a.heads,
+                              a.dim, 0, valid, sc);
+        coli_index_select(sc, valid, a.topk, sel);
+    }
+    free(sc);
+    return COLI_OK;
+}
+
+static coli_status run_attend(const coli_rec_op *r, int64_t pos) {
+    const coli_attend_operands a = coli_unpack_attend(&r->op, r->p);
+    float *p = (float *)malloc((size_t)(pos + a.rows) * sizeof *p);
+    if (!p) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: attend: out of host memory");
+    for (int64_t row = 0; row < a.rows; row++)
+        for (int64_t h = 0; h < a.heads; h++)
+            coli_attend_one(a.q + (row * a.heads + h) * a.qk, a.k + h * a.qk, a.v + h * a.vdim, a.heads * a.qk,
+                            a.heads * a.vdim, a.qk, a.vdim, a.sel + row * a.sel_stride, pos + row, a.scaling, p,
+                            a.out + (row * a.heads + h) * a.vdim);
+    free(p);
+    return COLI_OK;
+}
+
+static coli_status run_op(const coli_rec_op *r, int64_t pos) {
+    void *const *p = r->p;
+    switch (r->op.kind) {
+    case COLI_OP_EMBED: {
+        const coli_embed_operands a = coli_unpack_embed(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++) {
+            const int32_t id = a.ids[row];
+            if (id < 0 || id >= a.vocab) memset(a.out + row * a.width, 0, (size_t)a.width * sizeof(float));
+            else memcpy(a.out + row * a.width, a.table + (int64_t)id * a.width, (size_t)a.width * sizeof(float));
+        }
+        return COLI_OK;
+    }
+    case COLI_OP_RMSNORM: {
+        const coli_rmsnorm_operands a = coli_unpack_rmsnorm(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++)
+            coli_rmsnorm(a.x + row * a.x_stride, a.w, a.n, a.eps, a.out + row * a.out_stride);
+        return COLI_OK;
+    }
+    case COLI_OP_LAYERNORM: {
+        const coli_layernorm_operands a = coli_unpack_layernorm(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++) coli_layernorm(a.x + row * a.stride, a.w, a.b, a.n, a.eps);
+        return COLI_OK;
+    }
+    case COLI_OP_ROPE: {
+        const coli_rope_operands a = coli_unpack_rope(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++)
+            for (int64_t h = 0; h < a.heads; h++)
+                coli_rope(a.x + row * a.row_stride + h * a.head_stride, a.dim, a.inv_freq, pos + row);
+        return COLI_OK;
+    }
+    case COLI_OP_MATMUL: {
+        const coli_matmul_operands a = coli_unpack_matmul(&r->op, p);
+        matmul_bias(r->w[0], a.x, a.s, a.y, a.bias);
+        return COLI_OK;
+    }
+    case COLI_OP_WRITE_ROWS: {
+        const coli_write_rows_operands a = coli_unpack_write_rows(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++)
+            memcpy(a.dst + (pos * a.pos_rows + row) * a.dst_stride, a.src + row / a.src_repeat * a.src_stride,
+                   (size_t)a.width * sizeof(float));
+        return COLI_OK;
+    }
+    case COLI_OP_ADD: {
+        const coli_add_operands a = coli_unpack_add(&r->op, p);
+        for (int64_t i = 0; i < a.count; i++) a.x[i] += a.y[i];
+        return COLI_OK;
+    }
+    case COLI_OP_SILU_MUL: {
+        const coli_silu_mul_operands a = coli_unpack_silu_mul(&r->op, p);
+        for (int64_t i = 0; i < a.count; i++) a.g[i] = coli_silu(a.g[i]) * a.u[i];
+        return COLI_OK;
+    }
+    case COLI_OP_INDEXER: return run_indexer(r, pos);
+    case COLI_OP_ATTEND: return run_attend(r, pos);
+    case COLI_OP_ROUTE: {
+        const coli_route_operands a = coli_unpack_route(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++)
+            coli_route(a.logits + row * a.experts, a.bias, a.experts, a.groups, a.topk_group, a.k, (int)a.norm,
+                       a.scaling, a.idx + row * a.k, a.w + row * a.k);
+        return COLI_OK;
+    }
+    case COLI_OP_MOE: return run_moe(r);
+    default: {
+        const coli_argmax_operands a = coli_unpack_argmax(&r->op, p);
+        for (int64_t row = 0; row < a.rows; row++) a.ids[row] = coli_argmax(a.logits + row * a.vocab, a.vocab);
+        return COLI_OK;
+    }
+    }
+}
+
+static coli_status rec_run(coli_rec *r, int64_t pos) {
+    for (int32_t k = 0; k < r->count; k++) {
+        const coli_status st = run_op(&r->ops[k], pos);
+        if (st) return st;
+    }
     return COLI_OK;
 }

@@ -23,6 +23,9 @@ COLI_API coli_status coli_tensor_free(coli_tensor tensor) {
     coli_weight *w = NULL;
     coli_status st = coli_table_get(&g_tensors, tensor, &w);
     if (st) return st;
+    if (w->holds)
+        return coli_fail(COLI_E_INVALID, "tensor_free: tensor 0x%016llx is used by %d live step(s)",
+                         (unsigned long long)tensor, (int)w->holds);
     release(w);
     coli_table_remove(&g_tensors, tensor);
     return COLI_OK;

@@ -40,6 +40,18 @@
 #define cudaGetLastError hipGetLastError
 #define COLI_ARCH_NAME(prop, buf, n) snprintf((buf), (n), "%.31s", (prop).gcnArchName)
 #define cudaStream_t hipStream_t
+#define cudaStreamCreate hipStreamCreate
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaMemset hipMemset
+#define cudaGraph_t hipGraph_t
+#define cudaGraphExec_t hipGraphExec_t
+#define cudaStreamBeginCapture hipStreamBeginCapture
+#define cudaStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define cudaStreamEndCapture hipStreamEndCapture
+#define cudaGraphInstantiateWithFlags hipGraphInstantiateWithFlags
+#define cudaGraphLaunch hipGraphLaunch
+#define cudaGraphDestroy hipGraphDestroy
+#define cudaGraphExecDestroy hipGraphExecDestroy
 /* lanes exchange within 32-lane teams: a 64-wide wavefront holds two teams */
 #define COLI_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
 #define COLI_SHFL(v, src) __shfl((v), (src), 32)

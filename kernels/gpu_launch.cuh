@@ -9,6 +9,14 @@
 
 #include <string.h>
 
+/* A runtime call whose failure is the ABI call's: COLI_E_RUNTIME, naming the call. */
+#define GPU_CHECK(call)                                                                          \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess)                                                                   \
+            return coli_fail(COLI_E_RUNTIME, "%s failed: %s", #call, cudaGetErrorString(e_));    \
+    } while (0)
+
 #define WARP 32
 #define GEMV_THREADS 256 /* a block of 8 warps, each owning rows (decode_kernel, gemv_kernel) */
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import jinja2
 
+from toolchain.command_data import REF_SOURCES
 from toolchain.wine import warm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +161,7 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
     backend_c, cuda_c = src / "backend.c", src / "cuda_backend.c"
     backend_c.write_text(_render("backend.c.j2", needs_extra=True, hip=True))
     cuda_c.write_text(_render("backend.c.j2", needs_extra=False, hip=False))
-    kernels = [ROOT / "kernels/backend_ref.c", ROOT / "kernels/cpu_ops.c"]
+    kernels = [ROOT / s for s in REF_SOURCES]
     link_rt = [fx.runtimes["A"]] if platform.windows else [f"-L{fx.runtimes['A'].parent}", f"-l:{platform.runtime}"]
     pic = [] if platform.windows else ["-fPIC"]
     objs = []

@@ -12,7 +12,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .toml_model import load_toml_model, read_text
 
-__all__ = ["Abi", "Arg", "Constant", "Function", "Struct", "StructField", "load_abi", "render_abi"]
+__all__ = [
+    "Abi",
+    "Arg",
+    "Constant",
+    "Function",
+    "Handle",
+    "Op",
+    "OpRef",
+    "Struct",
+    "StructField",
+    "load_abi",
+    "render_abi",
+]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -21,6 +33,7 @@ _TEMPLATES = Path(__file__).parent / "templates"
 RENDERINGS: dict[str, str] = {
     "coli_backend.h": "abi/coli_backend.h.j2",
     "coli_backend_table.h": "abi/coli_backend_table.h.j2",
+    "coli_ops.h": "abi/coli_ops.h.j2",
     "coli_backend.def": "abi/coli_backend.def.j2",
     "coli_backend.map": "abi/coli_backend.map.j2",
     "exports.txt": "abi/exports.txt.j2",
@@ -86,6 +99,69 @@ class Struct(_Model):
     fields: tuple[StructField, ...]
 
 
+class Handle(_Model):
+    name: Identifier
+    doc: str
+
+
+# element types an op's buffer operand may have, and their sizes
+OP_ELEMENTS: dict[str, int] = {"float": 4, "int32_t": 4, "uint8_t": 1}
+OP_SLOTS = {"ref": 8, "i": 10, "f": 2}  # the sizes of coli_op's arrays
+
+
+class OpRef(_Model):
+    name: Identifier
+    type: str
+    out: bool = False
+    optional: bool = False
+
+    @model_validator(mode="after")
+    def _known_type(self) -> OpRef:
+        if self.type not in OP_ELEMENTS:
+            raise ValueError(f"op operand '{self.name}' has type '{self.type}'; allowed: {', '.join(OP_ELEMENTS)}")
+        return self
+
+    @property
+    def pointer(self) -> str:
+        """How a backend sees the operand once resolved: a typed pointer."""
+        return f"{'' if self.out else 'const '}{self.type} *"
+
+
+class Op(_Model):
+    """One kind of step op: its operands in coli_op's slots, in order."""
+
+    name: Identifier
+    value: int = Field(gt=0)
+    doc: str
+    refs: tuple[OpRef, ...]
+    ints: tuple[Identifier, ...] = ()
+    floats: tuple[Identifier, ...] = ()
+    tensors: str = Field("none", pattern="^(none|one|list)$")
+
+    @model_validator(mode="after")
+    def _fits(self) -> Op:
+        for slot, names in (("ref", self.refs), ("i", self.ints), ("f", self.floats)):
+            if len(names) > OP_SLOTS[slot]:
+                raise ValueError(f"op {self.name} has {len(names)} {slot} operands; coli_op holds {OP_SLOTS[slot]}")
+        _distinct([r.name for r in self.refs] + list(self.ints) + list(self.floats), f"op {self.name} operands")
+        return self
+
+    @property
+    def const(self) -> str:
+        return f"COLI_OP_{self.name.upper()}"
+
+    @property
+    def params(self) -> str:
+        """The constructor's parameters, in slot order."""
+        out = [f"coli_ref {r.name}" for r in self.refs]
+        out += [f"int64_t {n}" for n in self.ints] + [f"float {n}" for n in self.floats]
+        if self.tensors == "one":
+            out.append("const coli_tensor *weight")
+        elif self.tensors == "list":
+            out += ["const coli_tensor *tensors", "int32_t n_tensors"]
+        return ", ".join(out)
+
+
 class _Head(_Model):
     name: Identifier
     prefix: str
@@ -105,7 +181,9 @@ class _AbiFile(_Model):
     abi: _Head
     status: tuple[Constant, ...] = ()
     format: tuple[Constant, ...] = ()
+    handle: tuple[Handle, ...] = ()
     struct: tuple[Struct, ...] = ()
+    op: tuple[Op, ...] = ()
     function: tuple[Function, ...] = ()
 
     @model_validator(mode="after")
@@ -118,6 +196,8 @@ class _AbiFile(_Model):
             if f.since_minor > self.abi.minor:
                 raise ValueError(f"{f.name} is since minor {f.since_minor}, past the ABI's minor {self.abi.minor}")
         _distinct([f.name for f in self.function], "functions")
+        _distinct([o.name for o in self.op], "ops")
+        _distinct([o.value for o in self.op], "op values")
         for table in ("status", "format"):
             _distinct([c.value for c in getattr(self, table)], f"{table} values")
             _distinct([c.name for c in getattr(self, table)], f"{table} names")
@@ -132,7 +212,9 @@ class Abi:
     minor: int
     statuses: tuple[Constant, ...]
     formats: tuple[Constant, ...]
+    handles: tuple[Handle, ...]
     structs: tuple[Struct, ...]
+    ops: tuple[Op, ...]
     functions: tuple[Function, ...]
 
     @property
@@ -159,7 +241,9 @@ def load_abi(path: Path) -> Abi:
         minor=raw.abi.minor,
         statuses=raw.status,
         formats=raw.format,
+        handles=raw.handle,
         structs=raw.struct,
+        ops=raw.op,
         functions=raw.function,
     )
 
@@ -179,5 +263,6 @@ def render_abi(abi: Abi, dll_name: str = "coli_backend") -> dict[str, str]:
     env = _environment()
     width = max(len(f.returns) for f in abi.functions)
     return {
-        name: env.get_template(tpl).render(abi=abi, width=width, dll_name=dll_name) for name, tpl in RENDERINGS.items()
+        name: env.get_template(tpl).render(abi=abi, width=width, dll_name=dll_name, elements=OP_ELEMENTS)
+        for name, tpl in RENDERINGS.items()
     }

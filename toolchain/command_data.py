@@ -25,13 +25,16 @@ HOST_SOURCES = (
     "engine/hip_binding.c",
     "engine/imports.c",
     "engine/selftest.c",
+    "engine/selftest_ops.c",
     "engine/json_out.c",
     "engine/json.c",
     "engine/safetensors.c",
     "engine/model_load.c",
     "engine/model_forward.c",
+    "engine/model_step.c",
     "engine/pool.c",
     "kernels/cpu_ops.c",
+    "kernels/cpu_model_ops.c",
 )
 HOST_HEADERS = (
     "engine/clock.h",
@@ -40,19 +43,24 @@ HOST_HEADERS = (
     "engine/hip_binding.h",
     "engine/imports.h",
     "engine/selftest.h",
+    "engine/selftest_ops.h",
     "engine/json_out.h",
     "engine/json.h",
     "engine/safetensors.h",
     "engine/model.h",
     "engine/pool.h",
     "kernels/cpu_ops.h",
+    "kernels/cpu_model_ops.h",
 )
-REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c")
+REF_SOURCES = ("kernels/backend_ref.c", "kernels/cpu_ops.c", "kernels/cpu_model_ops.c")
 GPU_SOURCES = ("kernels/backend_gpu.cu",)
 BACKEND_HEADERS = (
     "kernels/backend_common.h",
     "kernels/backend_tensors.h",
+    "kernels/backend_steps.h",
+    "kernels/backend_step_types.h",
     "kernels/cpu_ops.h",
+    "kernels/cpu_model_ops.h",
     "kernels/gpu_compat.h",
     "kernels/gpu_launch.cuh",
     "kernels/gpu_formats.cuh",
@@ -66,8 +74,9 @@ BACKEND_HEADERS = (
     "kernels/gpu_decode_mma.cuh",
     "kernels/gpu_decode_tiled.cuh",
     "kernels/gpu_dispatch.cuh",
+    "kernels/gpu_steps.cuh",
 )
-GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h")
+GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h", "coli_ops.h")
 
 # Variables that steer a ROCm toolchain from the outside; the HIP compile clears
 # them so only the SDK this build resolved can be used.

@@ -169,7 +169,9 @@ def validate_backend(
     shapes: str = "core",
 ) -> Validation:
     """Selftest (of `shapes`), then the engine through the backend against the CPU path at
-    each format. `env` reaches the backend runs (COLI_HIP_RUNTIME_DIR for a HIP backend)."""
+    each format: teacher forcing, and a greedy decode of GREEDY_TOKENS tokens with the
+    whole step in the backend (ABI 2: at most two host copies a decoded token). `env`
+    reaches the backend runs (COLI_HIP_RUNTIME_DIR for a HIP backend)."""
     selftest = run_selftest(launcher, host, lib, label, env, shapes)
     if selftest.status != "passed":
         return selftest
@@ -193,8 +195,43 @@ def validate_backend(
                 check["ok"] = False
                 check["mismatches"].append(f"no tensor resident in the backend: {dev.data.get('backend_error', '')}")
             checks.append(check)
+            checks.append(_greedy_check(launcher, host, lib, model, exp, quant, path_of, env))
     result = _judge(label, checks)
     return Validation(result.subject, result.status, result.reason, result.checks, selftest.selftest)
+
+
+GREEDY_TOKENS = 20
+
+
+def _greedy_check(
+    launcher: Sequence[str],
+    host: Path,
+    lib: str,
+    model: Path,
+    exp: dict[str, Any],
+    quant: str,
+    path_of: PathFn,
+    env: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """The greedy decode through the backend's whole step against the CPU path's."""
+    base = ["--model", path_of(model), "--ids", _ids(exp["prompt"]), "--generate", str(GREEDY_TOKENS), "--quant", quant]
+    name = f"{model.name} {quant}: backend vs cpu, greedy decode of {GREEDY_TOKENS}"
+    cpu = _engine(launcher, host, [*base, "--backend", "none", "--threads", "2"])
+    dev = _engine(launcher, host, [*base, "--backend", lib], env)
+    for run in (cpu, dev):
+        if run.data is None or run.rc != 0:
+            return _failed_run(name, run)
+    assert cpu.data is not None and dev.data is not None
+    check = _compare(name, dev.data["generated"], cpu.data["generated"], None, "backend", "cpu")
+    trips = dev.data.get("decode_round_trips")
+    check["tier"], check["decode_round_trips"] = dev.data.get("tier"), trips
+    if check["tier"] != "step":
+        check["ok"] = False
+        check["mismatches"].append(f"the decode did not run as one step in the backend (tier {check['tier']})")
+    elif not isinstance(trips, int) or trips > 2 * (GREEDY_TOKENS - 1):
+        check["ok"] = False
+        check["mismatches"].append(f"{trips} host round trips for {GREEDY_TOKENS - 1} decoded tokens (at most 2 each)")
+    return check
 
 
 def _judge(label: str, checks: list[dict[str, Any]]) -> Validation:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool
+from toolchain.command_data import REF_SOURCES
 
 SHAPES = [(512, 2048), (1536, 512), (2048, 1024), (5632, 2048), (2048, 5632), (32000, 2048)]
 
@@ -21,7 +22,7 @@ def timer(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     exe = tmp_path_factory.mktemp("call_latency") / "call_latency"
     compile_ok(
         ["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
-         str(ROOT / "tools/call_latency.c"), str(ROOT / "kernels/backend_ref.c"), str(ROOT / "kernels/cpu_ops.c"),
+         str(ROOT / "tools/call_latency.c"), *(str(ROOT / s) for s in REF_SOURCES),
          "-o", str(exe), "-lm"]
     )  # fmt: skip
     return exe

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, compile_ok, run_host
+from tests.conftest import ROOT, SANITIZE, compile_ok, run_host
+from toolchain.abi import load_abi, render_abi
+from toolchain.command_data import REF_SOURCES
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +31,8 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     assert [x for x in reports if "failed to allocate" not in x] == [], proc.stderr
     result = json.loads(proc.stdout)
     assert result["passed"] is True and result["backend"] == "ref"
-    assert result["abi"] == "1.1"
+    abi = load_abi(ROOT / "kernels/abi.toml")
+    assert result["abi"] == f"{abi.major}.{abi.minor}"
     checks = [c for c in result["checks"] if c["op"] == "matmul"]
     assert len(checks) >= 15 and all(c["ok"] for c in result["checks"])
     shapes = {(c["rows"], c["cols"], c["s"]) for c in checks}
@@ -86,35 +89,46 @@ def ref_backend_of_version(gen_dir: Path, tmp_path: Path, version: int) -> Path:
     lib = tmp_path / f"libcoli_v{version:x}.so"
     compile_ok(
         ["gcc", "-std=c11", "-shared", "-fPIC", f"-I{gen_dir}", f"-I{KERNELS}",
-         "-Dcoli_abi_version=coli_abi_version_own", str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c"),
+         "-Dcoli_abi_version=coli_abi_version_own", *(str(ROOT / s) for s in REF_SOURCES),
          str(src), "-o", str(lib), "-lm"]
     )  # fmt: skip
     return lib
 
 
-def test_wrong_abi_major_is_refused(gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path) -> None:
-    lib = ref_backend_of_version(gen_dir, tmp_path, 2 << 16)
-    proc = run(sanitized[0], "--backend", str(lib), "--selftest")
-    assert proc.returncode == 4 and "has ABI 2.0, this host needs 1.0 or a later minor" in proc.stderr
-
-
-def test_a_backend_of_an_older_minor_runs_without_its_newer_functions(
-    gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path
-) -> None:
-    """ABI 1.0 predates coli_matmul_many (1.1): the host runs such a backend and makes
-    its calls one by one, even when the library happens to export the newer symbol."""
-    lib = ref_backend_of_version(gen_dir, tmp_path, 1 << 16)
-    host = sanitized[0]
-    proc = run(host, "--backend", str(lib), "--selftest", "--json")
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
-    assert result["passed"] is True
-    assert all(c["op"] == "matmul" for c in result["checks"])
-    assert not any(b["case"].startswith("matmul_many") for b in result["bad_input"])
+def test_a_backend_of_another_major_is_refused(gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """This host (2.0) refuses a 1.x backend and a 3.x one, in one line naming both
+    versions, and a model run stays on the CPU."""
+    abi = load_abi(ROOT / "kernels/abi.toml")
     model = ROOT / "tests/fixtures/models/glm_tiny"
-    args = ["--model", str(model), "--ids", "5,17,42", "--teacher-force", "--json"]
-    one_by_one = json.loads(run(host, *args, "--backend", str(lib)).stdout)
-    together = json.loads(run(host, *args, "--backend", str(sanitized[1])).stdout)
-    assert one_by_one["backend_calls"] == one_by_one["backend_matmuls"] == one_by_one["resident_tensors"]
-    assert together["backend_calls"] < together["backend_matmuls"] == together["resident_tensors"]
-    assert one_by_one["top2_margin"] == together["top2_margin"] and one_by_one["tf_pred"] == together["tf_pred"]
+    for version in ((abi.major - 1) << 16 | 1, (abi.major + 1) << 16):
+        lib = ref_backend_of_version(gen_dir, tmp_path, version)
+        proc = run(sanitized[0], "--backend", str(lib), "--selftest")
+        needle = f"has ABI {version >> 16}.{version & 0xFFFF}, this host needs {abi.major}.0 or a later minor"
+        assert proc.returncode == 4 and needle in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+        args = ["--model", str(model), "--ids", "5,17", "--teacher-force", "--json", "--backend", str(lib)]
+        proc = run(sanitized[0], *args)
+        assert proc.returncode == 0 and needle in proc.stderr and json.loads(proc.stdout)["tier"] == "cpu"
+
+
+def test_a_host_of_abi_1_refuses_this_backend(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """The reverse: the loader of a 1.x host (rendered from the last 1.x abi.toml, kept
+    as a fixture) refuses this backend by its version before calling anything else."""
+    old = tmp_path / "gen-1.1"
+    old.mkdir()
+    for name, text in render_abi(load_abi(ROOT / "tests/fixtures/abi/abi-1.1.toml")).items():
+        (old / name).write_text(text)
+    driver = tmp_path / "open.c"
+    driver.write_text(
+        '#include <stdio.h>\n#include "loader.h"\n'
+        "int main(int argc, char **argv) {\n"
+        "    coli_backend b;\n    char err[4096];\n    (void)argc;\n"
+        '    if (coli_backend_open(argv[1], &b, err, sizeof err)) return fprintf(stderr, "%s\\n", err), 4;\n'
+        "    coli_backend_close(&b);\n    return 0;\n}\n"
+    )
+    exe, engine = tmp_path / "host-1.1", ROOT / "engine"
+    sources = [str(engine / f) for f in ("loader.c", "imports.c", "utf8.c", "hip_binding.c")]
+    compile_ok(["gcc", "-std=c11", *SANITIZE, f"-I{old}", f"-I{engine}", str(driver), *sources, "-o", str(exe), "-ldl"])
+    proc = subprocess.run([str(exe), str(sanitized[1])], capture_output=True, text=True, timeout=60)
+    abi = load_abi(ROOT / "kernels/abi.toml")
+    assert proc.returncode == 4, proc.stderr
+    assert f"has ABI {abi.major}.{abi.minor}, this host needs 1.0 or a later minor" in proc.stderr

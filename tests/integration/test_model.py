@@ -57,13 +57,16 @@ def test_cpu_matches_the_oracle(sanitized: tuple[Path, Path], name: str) -> None
 
 @pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
 def test_reference_backend_matches_the_cpu_path(sanitized: tuple[Path, Path], quant: str) -> None:
+    """--offload matmuls: the dense matmuls in the backend, one call each (those that
+    read the same x together), the rest on the CPU."""
     host, ref = sanitized
     for name in ("glm_tiny", "glm_tiny2"):
         exp = expected(MODELS / name)
         base = ["--model", str(MODELS / name), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", quant]
         cpu = run_json(host, *base)
-        dev = run_json(host, *base, "--backend", str(ref))
+        dev = run_json(host, *base, "--backend", str(ref), "--offload", "matmuls")
         assert dev["backend"] == "ref" and isinstance(dev["resident_tensors"], int) and dev["resident_tensors"] > 0
+        assert dev["tier"] == "matmuls" and dev["step_ops"] == 0 and dev["round_trips"] == 0
         # one forward: every resident tensor's matmul once, those that read the same x
         # in one call (coli_matmul_many), and the time they took is counted
         seconds, total, calls = dev["backend_seconds"], dev["seconds"], dev["backend_calls"]
@@ -73,6 +76,31 @@ def test_reference_backend_matches_the_cpu_path(sanitized: tuple[Path, Path], qu
         assert dev["tf_pred"] == cpu["tf_pred"], (name, quant)
         # the reference backend runs the same arithmetic: the logits agree to the bit
         assert dev["top2_margin"] == cpu["top2_margin"]
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
+def test_the_whole_step_in_the_reference_backend_matches_the_cpu_path(sanitized: tuple[Path, Path], quant: str) -> None:
+    """The default with a backend: each forward one recorded step (ABI 2) with every
+    weight, the caches and the activations resident. The reference backend runs each
+    op with the CPU path's code, so teacher forcing gives its logits to the bit and a
+    greedy decode its tokens, with two host copies a decoded token (the id in, the
+    argmax out) and no matmul call."""
+    host, ref = sanitized
+    for name in ("glm_tiny", "glm_tiny2"):
+        exp = expected(MODELS / name)
+        base = ["--model", str(MODELS / name), "--quant", quant]
+        tf = ["--ids", ids(exp["ids"]), "--teacher-force"]
+        cpu, dev = run_json(host, *base, *tf), run_json(host, *base, *tf, "--backend", str(ref))
+        assert dev["tier"] == "step" and dev["backend"] == "ref" and dev["backend_calls"] == 0
+        assert isinstance(dev["step_ops"], int) and dev["step_ops"] > 0
+        assert dev["round_trips"] == 2  # the ids in, the logits out
+        assert isinstance(dev["resident_bytes"], int) and dev["resident_bytes"] > 0
+        assert dev["tf_pred"] == cpu["tf_pred"], (name, quant)
+        assert dev["top2_margin"] == cpu["top2_margin"]
+        gen = ["--ids", ids(exp["prompt"]), "--generate", "20"]
+        cpu, dev = run_json(host, *base, *gen), run_json(host, *base, *gen, "--backend", str(ref))
+        assert dev["generated"] == cpu["generated"], (name, quant)
+        assert dev["decode_round_trips"] == 2 * 19 and dev["backend_calls"] == 0
 
 
 def test_threads_do_not_change_results(sanitized: tuple[Path, Path]) -> None:
@@ -126,7 +154,8 @@ def test_a_backend_that_cannot_start_leaves_the_cpu_path(sanitized: tuple[Path, 
 def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     host, ref = sanitized
     exp = expected(TINY)
-    proc = run_host(host, "--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--backend", str(ref))
+    args = ["--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--backend", str(ref)]
+    proc = run_host(host, *args, "--offload", "matmuls")
     assert proc.returncode == 0
     assert f"generated 5 tokens on CPU reference (f32): {exp['generated'][:5]}" in proc.stdout
     # the decode's share in the backend: 4 steps after the first token, each tensor once a step
@@ -134,6 +163,9 @@ def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     line = rf"decode [\d.]+ tokens/s, \d+% of it in \d+ backend calls \({4 * resident} matmuls\), "
     assert re.search(line, proc.stdout), proc.stdout
     assert "51 tensors resident in ref" in proc.stdout
+    proc = run_host(host, *args)  # the whole step: every weight resident, no matmul calls
+    assert proc.returncode == 0 and "backend calls" not in proc.stdout
+    assert re.search(r"decode [\d.]+ tokens/s, \d+ ops a token in one step, 106 tensors resident in ref", proc.stdout)
 
 
 # ---- bad input ------------------------------------------------------------
@@ -360,12 +392,11 @@ def test_the_indexers_selection_is_a_sorts_first_k(gen_dir: Path, tmp_path: Path
     """The indexer keeps its top-k keys by selection, not a full sort: on 20,000 random
     arrays with many ties, under ASan/UBSan, the set is the sorted order's first k."""
     from tests.conftest import SANITIZE, compile_ok
-    from toolchain.command_data import HOST_SOURCES
 
-    others = [str(ROOT / s) for s in HOST_SOURCES if not s.endswith(("model_forward.c", "main.c"))]
+    others = [str(ROOT / "kernels" / s) for s in ("cpu_model_ops.c", "cpu_ops.c")]
     exe = tmp_path / "topk_check"
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
     compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, str(ROOT / "tests/c/topk_check.c"), *others, "-o", str(exe),
                 "-lm", "-lpthread"])  # fmt: skip
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "select_first == qsort prefix on 20000 arrays" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and "coli_select_first == qsort prefix on 20000 arrays" in proc.stdout, proc.stdout

@@ -12,11 +12,12 @@ import pytest
 
 from tests.conftest import ROOT, compile_ok, need_tool
 from toolchain.abi import load_abi
+from toolchain.command_data import REF_SOURCES
 from toolchain.verify import REPORT_VERSION, Report, format_table, verify_artifact
 
 ABI = load_abi(ROOT / "kernels" / "abi.toml").exports
 KERNELS = ROOT / "kernels"
-REF = [str(KERNELS / "backend_ref.c"), str(KERNELS / "cpu_ops.c")]
+REF = [str(ROOT / s) for s in REF_SOURCES]
 
 
 def check(report: Report, name: str) -> tuple[bool, str]:

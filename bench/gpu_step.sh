@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The whole step on a CUDA machine (the device tool), in one call: the host and the
+# CUDA backend built, verified and validated by the task graph (bench/gpu_build.sh:
+# the selftest's gpu shapes with every step op, and the engine through CUDA against
+# the CPU path at f32/int8/int4, teacher forcing and a 20-token greedy decode); the
+# selftest under compute-sanitizer (memcheck, racecheck); the greedy decode through
+# CUDA against the oracle; then the large synthetic model: decode after a 12-token
+# prompt (the step, the step without graphs, the matmuls-only tier), a 256-token
+# prefill, and decode after a 4,000-token prompt, each beside the device's copy
+# bandwidth measured in the same run. Results go to ${OUT:-bench/out}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-bench/out}
+work=$(mktemp -d)
+mkdir -p "$out"
+source bench/gpu_build.sh || exit 1
+grep -E "^validate|^  (ok|FAIL)" "$out/build.txt"
+rc=0
+"$HOST" --backend "$LIB" --selftest > "$out/selftest.txt" || rc=1
+grep -E "^  op |passed|FAILED" "$out/selftest.txt"
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --leak-check full "$HOST" --backend "$LIB" --selftest > "$out/memcheck.txt" 2>&1
+  errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$out/memcheck.txt" | grep -o '[0-9]*')
+  api=$(grep -c 'Program hit' "$out/memcheck.txt")
+  echo "memcheck: ${errors:-no summary} error(s), $api of them the deliberate API errors"
+  [[ -n $errors && $errors == "$api" ]] || rc=1
+  compute-sanitizer --tool racecheck "$HOST" --backend "$LIB" --selftest > "$out/racecheck.txt" 2>&1
+  summary=$(grep -m1 'RACECHECK SUMMARY' "$out/racecheck.txt")
+  echo "racecheck: ${summary:-no summary}"
+  [[ $summary == *": 0 hazards displayed (0 errors, 0 warnings)"* ]] || rc=1
+fi
+python3 bench/gpu_validate.py "$HOST" "$LIB" "$out/validate.json" || rc=1
+# the device's copy bandwidth (device to device, 1 GiB, median of 20), for the limits below
+python3 - > "$out/copy.json" <<'EOF'
+import json, statistics, torch
+n = 1 << 28
+a, b = torch.empty(n, device="cuda"), torch.empty(n, device="cuda")
+ts = []
+for _ in range(22):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); b.copy_(a); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
+t = statistics.median(ts[2:])
+print(json.dumps({"copy_GBps": 2 * 4 * n / t / 1e9, "bytes": 2 * 4 * n, "seconds": t}))
+EOF
+cat "$out/copy.json"
+python3 bench/make_synthetic.py "$work/large" > /dev/null
+prompt() { python3 -c "import random;random.seed($2);print(','.join(str(random.randrange(2,32000)) for _ in range($1)))"; }
+run() { # label quant prompt_len generate extra-args...
+  local label=$1 q=$2 n=$3 g=$4
+  shift 4
+  "$HOST" --model "$work/large" --ids "$(prompt "$n" 1)" --generate "$g" --quant "$q" --json "$@" \
+    | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+keep = ('backend', 'tier', 'quant', 'positions', 'prefill_seconds', 'decode_seconds', 'decode_tokens_per_second',
+        'decode_round_trips', 'step_ops', 'resident_bytes', 'resident_tensors', 'generated')
+r = {k: d.get(k) for k in keep}
+r['label'] = '$label'
+r['prefill_tokens_per_second'] = d['positions'] / d['prefill_seconds']
+r['generated'] = hash(tuple(d['generated'])) % 10**8
+print(json.dumps(r))" | tee -a "$out/step.jsonl"
+}
+for q in f32 int8 int4; do
+  run step "$q" 12 128 --backend "$LIB"
+  run cpu "$q" 12 128 --backend none
+done
+COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
+run matmuls int4 12 128 --backend "$LIB" --offload matmuls
+for q in int8 int4; do run prefill-256 "$q" 256 2 --backend "$LIB"; done
+run long-4000 int4 4000 128 --backend "$LIB"
+run long-4000 int8 4000 128 --backend "$LIB"
+exit "$rc"

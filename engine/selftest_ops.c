@@ -1,0 +1,447 @@
+#include "selftest_ops.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_model_ops.h"
+#include "cpu_ops.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ULL;
+float selftest_rnd(void) { /* xorshift64*, uniform in [-1, 1) */
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (float)((rng * 0x2545F4914F6CDD1DULL) >> 40) / (float)(1 << 23) - 1.0f;
+}
+
+static void fill(float *v, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) v[i] = selftest_rnd() * scale;
+}
+
+/* One check in progress: the buffers it made, freed at the end whatever happened. */
+typedef struct ctx {
+    coli_backend *b;
+    op_check *c;
+    coli_buffer bufs[8];
+    coli_tensor tensors[24];
+    int nbuf, ntensor;
+} ctx;
+
+static int failed(ctx *x, int status) {
+    if (status && !x->c->status) {
+        x->c->status = status;
+        snprintf(x->c->message, sizeof x->c->message, "%s", x->b->api.last_error());
+    }
+    return x->c->status != 0;
+}
+
+/* A buffer holding `bytes` of data (zeros when data is NULL). */
+static coli_ref put(ctx *x, const void *data, size_t bytes) {
+    coli_ref r = {0, 0};
+    if (x->c->status || x->nbuf == 8) return r;
+    if (failed(x, x->b->api.buffer_alloc(bytes, &r.buffer))) return r;
+    x->bufs[x->nbuf++] = r.buffer;
+    if (data) failed(x, x->b->api.buffer_write(r.buffer, 0, data, bytes));
+    return r;
+}
+
+static void get(ctx *x, coli_ref r, void *out, size_t bytes) {
+    if (!x->c->status) failed(x, x->b->api.buffer_read(r.buffer, r.offset, out, bytes));
+}
+
+/* The op alone as a step, run at `pos` (twice: the GPU's second run is its graph). */
+static void run_op(ctx *x, coli_op op, int64_t pos, int times) {
+    coli_step s = 0;
+    if (x->c->status || failed(x, x->b->api.step_begin(&s))) return;
+    if (!failed(x, x->b->api.step_add(s, &op)) && !failed(x, x->b->api.step_end(s)))
+        for (int t = 0; t < times && !x->c->status; t++) failed(x, x->b->api.step_run(s, pos));
+    x->b->api.step_free(s);
+}
+
+static void finish(ctx *x) {
+    for (int i = 0; i < x->nbuf; i++) x->b->api.buffer_free(x->bufs[i]);
+    for (int i = 0; i < x->ntensor; i++) x->b->api.tensor_free(x->tensors[i]);
+}
+
+static double rel_err(const float *y, const float *ref, int64_t n) {
+    double maxref = 0.0, maxdiff = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)y[i] - (double)ref[i]);
+        if (!(d <= maxdiff)) maxdiff = d; /* NaN propagates */
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+    }
+    return maxdiff / (maxref > 1e-12 ? maxref : 1e-12);
+}
+
+static int64_t differ_i32(const int32_t *a, const int32_t *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+static int64_t differ_u8(const uint8_t *a, const uint8_t *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+/* Scratch for a check's host arrays, freed with it. */
+typedef struct arena {
+    void *p[16];
+    int n;
+} arena;
+
+static void *take(arena *a, size_t bytes) {
+    void *p = a->n < 16 ? calloc(1, bytes ? bytes : 1) : NULL;
+    if (p) a->p[a->n++] = p;
+    return p;
+}
+
+static void drop(arena *a) {
+    for (int i = 0; i < a->n; i++) free(a->p[i]);
+}
+
+#define F(n) ((float *)take(&A, (size_t)(n) * sizeof(float)))
+#define BEGIN(name, ...)                                                     \
+    op_check *c = &checks[n++];                                              \
+    memset(c, 0, sizeof *c);                                                 \
+    c->op = name;                                                            \
+    snprintf(c->what, sizeof c->what, __VA_ARGS__);                          \
+    ctx X = {b, c, {0}, {0}, 0, 0};                                          \
+    arena A = {{0}, 0}
+#define END()                                                                \
+    finish(&X);                                                              \
+    drop(&A)
+
+static void check_norms(coli_backend *b, op_check *checks, int *pn) {
+    int n = *pn;
+    {
+        BEGIN("rmsnorm", "3 rows of 130, strides 140 and 135");
+        float *xv = F(3 * 140), *w = F(130), *ref = F(3 * 135), *got = F(3 * 135);
+        fill(xv, 3 * 140, 2.0f), fill(w, 130, 1.0f);
+        for (int r = 0; r < 3; r++) coli_rmsnorm(xv + r * 140, w, 130, 1e-6f, ref + r * 135);
+        coli_ref xr = put(&X, xv, 3 * 140 * 4), wr = put(&X, w, 130 * 4), o = put(&X, NULL, 3 * 135 * 4);
+        run_op(&X, coli_op_rmsnorm(xr, wr, o, 3, 130, 140, 135, 1e-6f), 0, 1);
+        get(&X, o, got, 3 * 135 * 4);
+        c->err = rel_err(got, ref, 3 * 135);
+        END();
+    }
+    {
+        BEGIN("layernorm", "2 rows of 64, stride 70, in place");
+        float *xv = F(140), *w = F(64), *bv = F(64), *ref = F(140), *got = F(140);
+        fill(xv, 140, 3.0f), fill(w, 64, 1.0f), fill(bv, 64, 1.0f);
+        memcpy(ref, xv, 140 * 4);
+        for (int r = 0; r < 2; r++) coli_layernorm(ref + r * 70, w, bv, 64, 1e-6f);
+        coli_ref xr = put(&X, xv, 140 * 4), wr = put(&X, w, 64 * 4), br = put(&X, bv, 64 * 4);
+        run_op(&X, coli_op_layernorm(xr, wr, br, 2, 64, 70, 1e-6f), 0, 2);
+        /* twice: the second normalises the first's output, as the CPU does below */
+        for (int r = 0; r < 2; r++) coli_layernorm(ref + r * 70, w, bv, 64, 1e-6f);
+        get(&X, xr, got, 140 * 4);
+        c->err = rel_err(got, ref, 140);
+        END();
+    }
+    *pn = n;
+}
+
+static void check_rows(coli_backend *b, op_check *checks, int *pn) {
+    int n = *pn;
+    {
+        BEGIN("embed", "5 ids of a 50 x 24 table, two outside it");
+        float *table = F(50 * 24), *ref = F(5 * 24), *got = F(5 * 24);
+        const int32_t ids[5] = {3, 49, -1, 0, 50};
+        fill(table, 50 * 24, 1.0f);
+        for (int r = 0; r < 5; r++)
+            if (ids[r] >= 0 && ids[r] < 50) memcpy(ref + r * 24, table + ids[r] * 24, 24 * 4);
+        coli_ref t = put(&X, table, 50 * 24 * 4), i = put(&X, ids, sizeof ids), o = put(&X, NULL, 5 * 24 * 4);
+        run_op(&X, coli_op_embed(t, i, o, 5, 24, 50), 0, 1);
+        get(&X, o, got, 5 * 24 * 4);
+        c->err = rel_err(got, ref, 5 * 24);
+        END();
+    }
+    for (int at = 0; at < 2; at++) {
+        const int64_t pos = at ? 1000 : 5, rows = 3, heads = 4, hs = 20, rs = 4 * 20 + 3, dim = 16;
+        BEGIN("rope", "3 rows of 4 heads, dim 16 at offset 2, position %lld", (long long)pos);
+        float *xv = F(rows * rs), *inv = F(dim / 2), *ref = F(rows * rs), *got = F(rows * rs);
+        fill(xv, rows * rs, 1.0f);
+        for (int64_t i = 0; i < dim / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)dim);
+        memcpy(ref, xv, (size_t)(rows * rs) * 4);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t h = 0; h < heads; h++) coli_rope(ref + r * rs + h * hs + 2, dim, inv, pos + r);
+        coli_ref xr = put(&X, xv, (size_t)(rows * rs) * 4), ir = put(&X, inv, (size_t)dim / 2 * 4);
+        coli_ref x2 = {xr.buffer, 2 * 4};
+        run_op(&X, coli_op_rope(x2, ir, rows, heads, rs, hs, dim), pos, 1);
+        get(&X, xr, got, (size_t)(rows * rs) * 4);
+        c->err = rel_err(got, ref, rows * rs);
+        END();
+    }
+    {
+        BEGIN("write_rows", "6 rows of 5 into a cache at position 4, each source row twice");
+        const int64_t rows = 6, width = 5, ss = 7, rep = 2, ds = 9, pr = 3, pos = 4, cap = (pos * pr + rows) * ds;
+        float *src = F(3 * ss), *ref = F(cap), *got = F(cap);
+        fill(src, 3 * ss, 1.0f);
+        for (int64_t r = 0; r < rows; r++) memcpy(ref + (pos * pr + r) * ds, src + r / rep * ss, (size_t)width * 4);
+        coli_ref s = put(&X, src, 3 * ss * 4), d = put(&X, NULL, (size_t)cap * 4);
+        run_op(&X, coli_op_write_rows(s, d, rows, width, ss, rep, ds, pr), pos, 1);
+        get(&X, d, got, (size_t)cap * 4);
+        c->err = rel_err(got, ref, cap);
+        END();
+    }
+    {
+        BEGIN("add, silu_mul", "1000 values");
+        float *xv = F(1000), *y = F(1000), *ref = F(1000), *got = F(1000);
+        fill(xv, 1000, 4.0f), fill(y, 1000, 4.0f);
+        for (int i = 0; i < 1000; i++) ref[i] = coli_silu(xv[i] + y[i]) * y[i];
+        coli_ref xr = put(&X, xv, 4000), yr = put(&X, y, 4000);
+        coli_step s = 0;
+        if (!failed(&X, b->api.step_begin(&s))) {
+            const coli_op ops[] = {coli_op_add(xr, yr, 1000), coli_op_silu_mul(xr, yr, 1000)};
+            for (int k = 0; k < 2; k++) failed(&X, b->api.step_add(s, &ops[k]));
+            if (!failed(&X, b->api.step_end(s))) failed(&X, b->api.step_run(s, 0));
+            b->api.step_free(s);
+        }
+        get(&X, xr, got, 4000);
+        c->err = rel_err(got, ref, 1000);
+        END();
+    }
+    {
+        BEGIN("argmax", "4 rows of 1000: ties, NaN, all -inf");
+        float *lg = F(4000);
+        int32_t ref[4], got[4] = {-5, -5, -5, -5};
+        fill(lg, 4000, 1.0f);
+        lg[1000 + 17] = lg[1000 + 900] = 5.0f;          /* a tie: the first */
+        lg[2000 + 3] = NAN, lg[2000 + 500] = 7.0f;      /* NaN never wins */
+        for (int i = 3000; i < 4000; i++) lg[i] = -INFINITY;
+        for (int r = 0; r < 4; r++) ref[r] = coli_argmax(lg + r * 1000, 1000);
+        coli_ref l = put(&X, lg, 16000), o = put(&X, NULL, sizeof got);
+        run_op(&X, coli_op_argmax(l, o, 4, 1000), 0, 1);
+        get(&X, o, got, sizeof got);
+        c->exact = 1;
+        c->err = (double)differ_i32(got, ref, 4);
+        END();
+    }
+    *pn = n;
+}
+
+static void check_attention(coli_backend *b, op_check *checks, int *pn) {
+    int n = *pn;
+    for (int at = 0; at < 2; at++) {
+        const int64_t pos = at ? 100 : 10, rows = 3, heads = 4, dim = 32, topk = 50, stride = 128;
+        const int64_t keys = pos + rows;
+        BEGIN("indexer", "3 queries of 4 heads, dim 32, top 50 of %lld keys", (long long)keys);
+        float *iq = F(rows * heads * dim), *iw = F(rows * heads), *kv = F(keys * dim);
+        uint8_t *ref = take(&A, (size_t)(rows * stride)), *got = take(&A, (size_t)(rows * stride));
+        coli_scored *sc = take(&A, (size_t)keys * sizeof *sc);
+        if (!sc || !ref || !got) {
+            c->status = -1;
+            snprintf(c->message, sizeof c->message, "out of host memory");
+        } else {
+            fill(iq, rows * heads * dim, 1.0f), fill(iw, rows * heads, 1.0f), fill(kv, keys * dim, 1.0f);
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t valid = pos + r + 1;
+                if (valid > topk) coli_index_scores(iq + r * heads * dim, iw + r * heads, 0.5f, kv, heads, dim, 0, valid, sc);
+                coli_index_select(sc, valid, topk, ref + r * stride);
+            }
+            coli_ref q = put(&X, iq, (size_t)(rows * heads * dim) * 4), w = put(&X, iw, (size_t)(rows * heads) * 4);
+            coli_ref k = put(&X, kv, (size_t)(keys * dim) * 4), s = put(&X, NULL, (size_t)(rows * stride));
+            run_op(&X, coli_op_indexer(q, w, k, s, rows, heads, dim, topk, stride, 0.5f), pos, 2);
+            get(&X, s, got, (size_t)(rows * stride));
+            c->exact = 1;
+            c->err = 0;
+            for (int64_t r = 0; r < rows; r++) c->err += (double)differ_u8(got + r * stride, ref + r * stride, keys);
+        }
+        END();
+    }
+    for (int at = 0; at < 2; at++) {
+        const int64_t pos = at ? 300 : 0, rows = 2, heads = 3, qk = 40, vd = 24, stride = 320, keys = pos + rows;
+        BEGIN("attend", "2 queries of 3 heads (qk 40, v 24) over %lld keys, half selected", (long long)keys);
+        float *q = F(rows * heads * qk), *k = F(keys * heads * qk), *v = F(keys * heads * vd);
+        float *ref = F(rows * heads * vd), *got = F(rows * heads * vd), *p = F(keys);
+        uint8_t *sel = take(&A, (size_t)(rows * stride));
+        if (!sel || !p) {
+            c->status = -1;
+            snprintf(c->message, sizeof c->message, "out of host memory");
+        } else {
+            fill(q, rows * heads * qk, 1.0f), fill(k, keys * heads * qk, 1.0f), fill(v, keys * heads * vd, 1.0f);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t t = 0; t <= pos + r; t++) sel[r * stride + t] = t == pos + r || selftest_rnd() > 0.0f;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t h = 0; h < heads; h++)
+                    coli_attend_one(q + (r * heads + h) * qk, k + h * qk, v + h * vd, heads * qk, heads * vd, qk, vd,
+                                    sel + r * stride, pos + r, 0.15f, p, ref + (r * heads + h) * vd);
+            coli_ref qr = put(&X, q, (size_t)(rows * heads * qk) * 4), kr = put(&X, k, (size_t)(keys * heads * qk) * 4);
+            coli_ref vr = put(&X, v, (size_t)(keys * heads * vd) * 4), sr = put(&X, sel, (size_t)(rows * stride));
+            coli_ref o = put(&X, NULL, (size_t)(rows * heads * vd) * 4);
+            run_op(&X, coli_op_attend(qr, kr, vr, sr, o, rows, heads, qk, vd, stride, 0.15f), pos, 2);
+            get(&X, o, got, (size_t)(rows * heads * vd) * 4);
+            c->err = rel_err(got, ref, rows * heads * vd);
+        }
+        END();
+    }
+    *pn = n;
+}
+
+static void check_experts(coli_backend *b, op_check *checks, int *pn) {
+    int n = *pn;
+    {
+        const int64_t rows = 5, E = 64, G = 8, TG = 4, K = 6;
+        BEGIN("route", "5 rows, 64 experts in 8 groups, top 4 groups, 6 experts");
+        float *lg = F(rows * E), *bias = F(E), *rw = F(rows * K), *gw = F(rows * K);
+        int32_t ri[5 * 6], gi[5 * 6];
+        fill(lg, rows * E, 3.0f), fill(bias, E, 0.5f);
+        for (int64_t r = 0; r < rows; r++) coli_route(lg + r * E, bias, E, G, TG, K, 1, 2.5f, ri + r * K, rw + r * K);
+        coli_ref l = put(&X, lg, (size_t)(rows * E) * 4), br = put(&X, bias, (size_t)E * 4);
+        coli_ref io = put(&X, NULL, sizeof gi), wo = put(&X, NULL, (size_t)(rows * K) * 4);
+        run_op(&X, coli_op_route(l, br, io, wo, rows, E, G, TG, K, 1, 2.5f), 0, 1);
+        get(&X, io, gi, sizeof gi);
+        get(&X, wo, gw, (size_t)(rows * K) * 4);
+        c->exact = 1;
+        c->err = (double)differ_i32(gi, ri, rows * K) + (rel_err(gw, rw, rows * K) > 1e-5);
+        END();
+    }
+    static const char *names[] = {"f32", "int8", "int4"};
+    for (int fmt = 0; fmt < 3; fmt++) {
+        const int64_t E = 6, I = 24, H = 40, rows = 3, K = 2;
+        BEGIN("moe", "%s, 6 experts (24 x 40), 3 rows of 2", names[fmt]);
+        float *xv = F(rows * H), *w = F(rows * K), *ref = F(rows * H), *got = F(rows * H);
+        float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * I * H / 8 + 3 * E * H);
+        int8_t *q8 = take(&A, (size_t)(3 * E * I * H));
+        uint8_t *q4 = take(&A, (size_t)(3 * E * I * H / 2));
+        const int32_t idx[6] = {4, 1, 0, 5, 2, 3};
+        if (!q8 || !q4 || !sc) {
+            c->status = -1;
+            snprintf(c->message, sizeof c->message, "out of host memory");
+            END();
+            continue;
+        }
+        fill(xv, rows * H, 1.0f), fill(w, rows * K, 1.0f), fill(wf, 3 * E * I * H, 0.3f);
+        const float *we[18];
+        int8_t *q8e[18];
+        uint8_t *q4e[18];
+        float *se[18];
+        for (int64_t t = 0; t < 3 * E && !c->status; t++) { /* tensor t: expert t / 3, part t % 3 */
+            const int64_t r = t % 3 == 2 ? H : I, cl = I * H / r;
+            we[t] = wf + t * I * H, q8e[t] = q8 + t * I * H, q4e[t] = q4 + t * I * H / 2, se[t] = sc + t * (I * H / 8 + H);
+            coli_status st;
+            if (fmt == 0) st = b->api.tensor_upload_f32(we[t], r, cl, &X.tensors[X.ntensor]);
+            else if (fmt == 1) {
+                coli_quantize_q8(we[t], r, cl, q8e[t], se[t]);
+                st = b->api.tensor_upload_q8(q8e[t], se[t], r, cl, &X.tensors[X.ntensor]);
+            } else {
+                coli_quantize_q4(we[t], r, cl, 8, q4e[t], se[t]);
+                st = b->api.tensor_upload_q4(q4e[t], se[t], r, cl, 8, &X.tensors[X.ntensor]);
+            }
+            if (!failed(&X, st)) X.ntensor++;
+        }
+        for (int64_t r = 0; r < rows && !c->status; r++)
+            for (int64_t e = 0; e < E; e++)
+                for (int64_t j = 0; j < K; j++) {
+                    if (idx[r * K + j] != e) continue;
+                    for (int part = 0; part < 3; part++) {
+                        const int64_t t = 3 * e + part, rr = part == 2 ? H : I, cl = I * H / rr;
+                        const float *in = part == 2 ? g : xv + r * H;
+                        float *out = part == 0 ? g : part == 1 ? u : eo;
+                        if (fmt == 0) coli_matmul_f32(we[t], rr, cl, in, 1, out);
+                        else if (fmt == 1) coli_matmul_q8(q8e[t], se[t], rr, cl, in, 1, out);
+                        else coli_matmul_q4(q4e[t], se[t], rr, cl, 8, in, 1, out);
+                        if (part == 1)
+                            for (int64_t i = 0; i < I; i++) g[i] = coli_silu(g[i]) * u[i];
+                    }
+                    for (int64_t d = 0; d < H; d++) ref[r * H + d] += eo[d] * w[r * K + j];
+                }
+        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, idx, sizeof idx);
+        coli_ref wr = put(&X, w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
+        run_op(&X, coli_op_moe(xr, ir, wr, o, rows, K, X.tensors, (int32_t)(3 * E)), 0, 2);
+        get(&X, o, got, (size_t)(rows * H) * 4);
+        c->err = rel_err(got, ref, rows * H);
+        END();
+    }
+    {
+        BEGIN("matmul", "int8 40 x 48 with a bias, 3 tokens");
+        float *wv = F(40 * 48), *sc = F(40), *bias = F(40), *xv = F(3 * 48), *ref = F(3 * 40), *got = F(3 * 40);
+        int8_t *q = take(&A, 40 * 48);
+        fill(wv, 40 * 48, 1.0f), fill(bias, 40, 1.0f), fill(xv, 3 * 48, 1.0f);
+        coli_quantize_q8(wv, 40, 48, q, sc);
+        coli_matmul_q8(q, sc, 40, 48, xv, 3, ref);
+        for (int t = 0; t < 3; t++)
+            for (int r = 0; r < 40; r++) ref[t * 40 + r] += bias[r];
+        if (!failed(&X, b->api.tensor_upload_q8(q, sc, 40, 48, &X.tensors[0]))) X.ntensor = 1;
+        coli_ref xr = put(&X, xv, 3 * 48 * 4), br = put(&X, bias, 40 * 4), o = put(&X, NULL, 3 * 40 * 4);
+        run_op(&X, coli_op_matmul(xr, o, br, 3, &X.tensors[0]), 0, 2);
+        get(&X, o, got, 3 * 40 * 4);
+        c->err = rel_err(got, ref, 3 * 40);
+        END();
+    }
+    *pn = n;
+}
+
+int selftest_ops(coli_backend *b, op_check *checks) {
+    int n = 0;
+    check_norms(b, checks, &n);
+    check_rows(b, checks, &n);
+    check_attention(b, checks, &n);
+    check_experts(b, checks, &n);
+    return n;
+}
+
+int op_check_ok(const op_check *c, double tolerance) {
+    return c->status == 0 && (c->exact ? c->err == 0.0 : c->err <= tolerance);
+}
+
+int selftest_step_bad_inputs(coli_backend *b, bad_case *cases) {
+    int n = 0;
+    coli_buffer small = 0, big = 0, freed = 0;
+    coli_step s = 0, ended = 0;
+    coli_tensor t = 0;
+    float w[64] = {0}, out[4];
+    b->api.buffer_alloc(64, &small);
+    b->api.buffer_alloc(4096, &big);
+    b->api.buffer_alloc(16, &freed);
+    b->api.buffer_free(freed);
+    b->api.tensor_upload_f32(w, 8, 8, &t);
+#define BAD(label, want, call) SELFTEST_CASE(cases, n, b, label, want, call)
+    /* a call the cases rely on: reported as a failed case (status 0 wanted) only if it fails */
+#define MUST(call)                                                       \
+    do {                                                                 \
+        const int got_ = (call);                                         \
+        if (got_ != COLI_OK) SELFTEST_CASE(cases, n, b, #call, COLI_OK, got_); \
+    } while (0)
+    const coli_ref sm = {small, 0}, bg = {big, 0}, gone = {freed, 0}, odd = {big, 2};
+    BAD("buffer of 0 bytes", COLI_E_SHAPE, b->api.buffer_alloc(0, &freed));
+    BAD("buffer write past its end", COLI_E_SHAPE, b->api.buffer_write(small, 60, w, 8));
+    BAD("buffer read of a freed buffer", COLI_E_BAD_TENSOR, b->api.buffer_read(freed, 0, out, 4));
+    BAD("buffer handle given as a tensor", COLI_E_BAD_TENSOR, b->api.tensor_free(small));
+    MUST(b->api.step_begin(&s));
+    const coli_op unknown = {99, 0, {{0, 0}}, {0}, {0}, NULL};
+    BAD("op of an unknown kind", COLI_E_INVALID, b->api.step_add(s, &unknown));
+    const coli_op too_far = coli_op_add(sm, bg, 100);
+    BAD("op reaching past its buffer", COLI_E_SHAPE, b->api.step_add(s, &too_far));
+    const coli_op on_freed = coli_op_add(gone, bg, 1);
+    BAD("op on a freed buffer", COLI_E_BAD_TENSOR, b->api.step_add(s, &on_freed));
+    const coli_op misaligned = coli_op_add(odd, bg, 1);
+    BAD("op at a misaligned offset", COLI_E_INVALID, b->api.step_add(s, &misaligned));
+    BAD("run before the step ends", COLI_E_INVALID, b->api.step_run(s, 0));
+    /* a cache of 4096 bytes holds rows of 8 floats at positions 0..127 */
+    const coli_op cache = coli_op_write_rows(sm, bg, 1, 8, 8, 1, 8, 1);
+    const coli_op mm = coli_op_matmul(sm, bg, (coli_ref){0, 0}, 1, &t);
+    MUST(b->api.step_add(s, &cache));
+    MUST(b->api.step_end(s));
+    BAD("run past the cache's last position", COLI_E_SHAPE, b->api.step_run(s, 128));
+    MUST(b->api.step_run(s, 127));
+    BAD("op added after the end", COLI_E_INVALID, b->api.step_add(s, &cache));
+    BAD("buffer freed while a step uses it", COLI_E_INVALID, b->api.buffer_free(big));
+    MUST(b->api.step_begin(&ended));
+    MUST(b->api.step_add(ended, &mm));
+    BAD("tensor freed while a step uses it", COLI_E_INVALID, b->api.tensor_free(t));
+    MUST(b->api.step_free(ended));
+    BAD("step freed twice", COLI_E_BAD_TENSOR, b->api.step_free(ended));
+#undef BAD
+#undef MUST
+    b->api.step_free(s);
+    b->api.tensor_free(t);
+    b->api.buffer_free(small);
+    b->api.buffer_free(big);
+    return n;
+}

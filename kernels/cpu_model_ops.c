@@ -1,0 +1,169 @@
+#include "cpu_model_ops.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+void coli_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *out) {
+    float ss = coli_dot_f32(x, x, n) / (float)n;
+    float r = 1.0f / sqrtf(ss + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+void coli_layernorm(float *x, const float *w, const float *b, int64_t n, float eps) {
+    float mean = 0.0f, var = 0.0f;
+    for (int64_t i = 0; i < n; i++) mean += x[i];
+    mean /= (float)n;
+    for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= (float)n;
+    float r = 1.0f / sqrtf(var + eps);
+    for (int64_t i = 0; i < n; i++) x[i] = (x[i] - mean) * r * w[i] + b[i];
+}
+
+void coli_rope(float *x, int64_t dim, const float *inv_freq, int64_t pos) {
+    float tmp[512];
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float f = (float)pos * inv_freq[i], c = cosf(f), s = sinf(f);
+        float a = x[2 * i], b = x[2 * i + 1];
+        tmp[i] = a * c - b * s;
+        tmp[half + i] = b * c + a * s;
+    }
+    memcpy(x, tmp, (size_t)dim * sizeof(float));
+}
+
+float coli_silu(float x) { return x / (1.0f + expf(-x)); }
+
+void coli_route(const float *logits, const float *bias, int64_t experts, int64_t groups, int64_t topk_group,
+                int64_t k, int norm, float scaling, int32_t *idx, float *w) {
+    const int64_t E = experts, G = groups, per = E / G;
+    float score[1024], choice[1024], gscore[1024];
+    unsigned char group_on[1024], taken[1024];
+    for (int64_t e = 0; e < E; e++) {
+        score[e] = 1.0f / (1.0f + expf(-logits[e]));
+        choice[e] = score[e] + bias[e];
+        taken[e] = 0;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float a = -INFINITY, b2 = -INFINITY;
+        for (int64_t e = g * per; e < (g + 1) * per; e++) {
+            if (choice[e] > a) {
+                b2 = a;
+                a = choice[e];
+            } else if (choice[e] > b2) {
+                b2 = choice[e];
+            }
+        }
+        gscore[g] = a + b2;
+        group_on[g] = 0;
+    }
+    for (int64_t j = 0; j < topk_group; j++) {
+        int64_t best = -1;
+        for (int64_t g = 0; g < G; g++)
+            if (!group_on[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        if (best < 0) break;
+        group_on[best] = 1;
+    }
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++)
+            if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
+        if (best < 0) best = 0; /* unreachable: the config check keeps k <= experts in the chosen groups */
+        taken[best] = 1;
+        idx[j] = (int32_t)best;
+        w[j] = score[best];
+    }
+    if (norm) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < k; j++) sum += w[j];
+        sum += 1e-20f;
+        for (int64_t j = 0; j < k; j++) w[j] /= sum;
+    }
+    for (int64_t j = 0; j < k; j++) w[j] *= scaling;
+}
+
+void coli_attend_one(const float *q, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
+                     int64_t qk, int64_t vdim, const uint8_t *sel, int64_t last, float scaling, float *p, float *out) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t <= last; t++) {
+        if (!sel[t]) continue;
+        p[t] = coli_dot_f32(q, k + t * k_stride, qk) * scaling;
+        if (p[t] > mx) mx = p[t];
+    }
+    float sum = 0.0f;
+    for (int64_t t = 0; t <= last; t++)
+        if (sel[t]) {
+            p[t] = expf(p[t] - mx);
+            sum += p[t];
+        }
+    memset(out, 0, (size_t)vdim * sizeof(float));
+    for (int64_t t = 0; t <= last; t++) {
+        if (!sel[t]) continue;
+        float wt = p[t] / sum;
+        const float *vt = v + t * v_stride;
+        for (int64_t d = 0; d < vdim; d++) out[d] += wt * vt[d];
+    }
+}
+
+void coli_index_scores(const float *iq, const float *iw, float weight_scale, const float *keys, int64_t heads,
+                       int64_t dim, int64_t t0, int64_t t1, coli_scored *sc) {
+    const float scale = 1.0f / sqrtf((float)dim);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *key = keys + t * dim;
+        float total = 0.0f;
+        for (int64_t h = 0; h < heads; h++) {
+            float d = coli_dot_f32(iq + h * dim, key, dim) * scale;
+            total += (iw[h] * weight_scale) * (d > 0.0f ? d : 0.0f);
+        }
+        sc[t].score = total;
+        sc[t].t = t;
+    }
+}
+
+int coli_scored_before(const coli_scored *x, const coli_scored *y) {
+    if (x->score != y->score) return x->score > y->score;
+    return x->t < y->t;
+}
+
+void coli_select_first(coli_scored *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const coli_scored pivot = a[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (i <= hi && coli_scored_before(&a[i], &pivot)) i++;
+            while (j >= lo && coli_scored_before(&pivot, &a[j])) j--;
+            if (i <= j) {
+                const coli_scored tmp = a[i];
+                a[i++] = a[j];
+                a[j--] = tmp;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+void coli_index_select(coli_scored *sc, int64_t valid, int64_t topk, uint8_t *sel) {
+    if (valid <= topk) {
+        memset(sel, 1, (size_t)valid);
+        return;
+    }
+    memset(sel, 0, (size_t)valid);
+    coli_select_first(sc, valid, topk);
+    for (int64_t i = 0; i < topk; i++) sel[sc[i].t] = 1;
+}
+
+int32_t coli_argmax(const float *row, int64_t n) {
+    int64_t b = 0;
+    float first = -FLT_MAX;
+    for (int64_t i = 0; i < n; i++)
+        if (row[i] > first) {
+            first = row[i];
+            b = i;
+        }
+    return (int32_t)b;
+}
