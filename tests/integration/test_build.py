@@ -51,7 +51,12 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
         expected = "passed" if api == "ref" else "not-run"
         assert backend["status"] == expected, backend
         if api == "ref":
-            assert len(backend["checks"]) == 6 and all(c["ok"] and c["resident_tensors"] > 0 for c in backend["checks"])
+            # per model and format: teacher forcing, and a greedy decode with the whole step in the backend
+            teacher = [c for c in backend["checks"] if "teacher forcing" in c["name"]]
+            greedy = [c for c in backend["checks"] if "greedy decode" in c["name"]]
+            assert len(teacher) == len(greedy) == 6 and all(c["ok"] for c in backend["checks"])
+            assert all(c["resident_tensors"] > 0 for c in teacher)
+            assert all(c["tier"] == "step" and c["decode_round_trips"] == 38 for c in greedy)
         else:
             assert "GPU tier disabled" in backend["reason"]
 

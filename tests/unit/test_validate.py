@@ -59,3 +59,32 @@ def test_a_native_engine_is_not_run_again(tmp_path: Path) -> None:
     run = validate._engine([], host, [])
     assert run.rc == 1
     assert _runs(tmp_path) == 1
+
+
+def _engine_printing(tmp_path: Path, cpu: str, backend: str) -> Path:
+    """An engine (a test double) that prints `cpu` for --backend none and `backend` otherwise."""
+    return _script(
+        tmp_path / "coli",
+        f"""case "$*" in *"--backend none"*) echo '{cpu}' ;; *) echo '{backend}' ;; esac\n""",
+    )
+
+
+def _greedy(tmp_path: Path, backend: str) -> dict[str, object]:
+    cpu = '{"generated": [1, 2, 3]}'
+    host = _engine_printing(tmp_path, cpu, backend)
+    exp = {"prompt": [5, 6]}
+    return validate._greedy_check([], host, "lib", tmp_path, exp, "int8", str, None)
+
+
+def test_the_greedy_check_wants_the_cpu_tokens_through_the_step_in_two_copies_a_token(tmp_path: Path) -> None:
+    n = validate.GREEDY_TOKENS - 1
+    good = f'{{"generated": [1, 2, 3], "tier": "step", "decode_round_trips": {2 * n}}}'
+    assert _greedy(tmp_path, good)["ok"] is True
+    cases = {
+        f'{{"generated": [1, 2, 4], "tier": "step", "decode_round_trips": {2 * n}}}': "position 2: backend 4, cpu 3",
+        f'{{"generated": [1, 2, 3], "tier": "matmuls", "decode_round_trips": {2 * n}}}': "tier matmuls",
+        f'{{"generated": [1, 2, 3], "tier": "step", "decode_round_trips": {2 * n + 1}}}': "at most 2 each",
+    }
+    for out, why in cases.items():
+        check = _greedy(tmp_path, out)
+        assert check["ok"] is False and any(why in m for m in check["mismatches"]), check  # type: ignore[attr-defined]
