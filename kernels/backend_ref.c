@@ -14,6 +14,31 @@ static coli_table g_steps = {REF_TAG + 2, "step", NULL, 0, 0, 0};
 static int g_ready;
 static int32_t g_threads = 1;
 
+/* COLI_REF_DEVICE_MEMORY=N: the reference backend acts as a device of N bytes
+ * (memory_info reports them, and an allocation past them fails as on a GPU), so
+ * the host's out-of-device-memory paths run on any machine. Unset: host memory,
+ * not tracked. */
+static uint64_t g_used;
+static uint64_t device_limit(void) {
+    static int read = 0;
+    static uint64_t limit = 0;
+    if (!read) {
+        const char *v = getenv("COLI_REF_DEVICE_MEMORY");
+        limit = v ? strtoull(v, NULL, 10) : 0;
+        read = 1;
+    }
+    return limit;
+}
+
+static coli_status take_bytes(const char *what, uint64_t n) {
+    const uint64_t limit = device_limit();
+    if (limit && n > limit - g_used)
+        return coli_fail(COLI_E_OUT_OF_MEMORY, "%s: %llu bytes do not fit: %llu of COLI_REF_DEVICE_MEMORY's %llu are free",
+                         what, (unsigned long long)n, (unsigned long long)(limit - g_used), (unsigned long long)limit);
+    g_used += n;
+    return COLI_OK;
+}
+
 COLI_API uint32_t coli_abi_version(void) { return COLI_ABI_VERSION; }
 COLI_API const char *coli_backend_name(void) { return "ref"; }
 COLI_API const char *coli_last_error(void) { return coli_error_get(); }
@@ -25,6 +50,7 @@ COLI_API coli_status coli_backend_init(int32_t device) {
 }
 
 static void release(coli_weight *w) {
+    g_used -= w->bytes;
     free(w->q);
     free(w->scale);
     free(w);
@@ -59,7 +85,8 @@ COLI_API coli_status coli_device_describe(int32_t device, coli_device_info *info
 
 COLI_API coli_status coli_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
     if (!free_bytes || !total_bytes) return coli_fail(COLI_E_INVALID, "memory_info: null argument");
-    *free_bytes = *total_bytes = 0; /* host memory: not tracked */
+    *total_bytes = device_limit(); /* 0: host memory, not tracked */
+    *free_bytes = *total_bytes ? *total_bytes - g_used : 0;
     return COLI_OK;
 }
 
@@ -72,9 +99,14 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
     st = coli_weight_check(format, q, scale, rows, cols, group, out, &tmp);
     if (st) return st;
     coli_weight_sizes(&tmp, &qb, &sb);
+    if ((st = take_bytes("upload", qb + sb))) return st;
     w = (coli_weight *)malloc(sizeof *w);
-    if (!w) return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: out of host memory");
+    if (!w) {
+        g_used -= qb + sb;
+        return coli_fail(COLI_E_OUT_OF_MEMORY, "upload: out of host memory");
+    }
     *w = tmp;
+    w->bytes = qb + sb;
     w->q = malloc(qb);
     w->scale = sb ? (float *)malloc(sb) : NULL;
     if (!w->q || (sb && !w->scale)) {
@@ -83,7 +115,6 @@ static coli_status upload(int32_t format, const void *q, const float *scale, int
     }
     memcpy(w->q, q, qb);
     if (sb) memcpy(w->scale, scale, sb);
-    w->bytes = qb + sb;
     st = coli_table_add(&g_tensors, w, out);
     if (st) release(w);
     return st;
@@ -124,13 +155,25 @@ COLI_API coli_status coli_backend_set_threads(int32_t threads) {
 
 /* ---- steps: the ops run here, one after another, when the step runs ---- */
 
+/* A buffer's size sits in the 16 bytes before it, for the device memory's count. */
 static coli_status mem_alloc(uint64_t bytes, void **out) {
-    *out = calloc(1, (size_t)bytes);
-    return *out ? COLI_OK : coli_fail(COLI_E_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %llu bytes",
-                                      (unsigned long long)bytes);
+    coli_status st = take_bytes("buffer_alloc", bytes);
+    if (st) return st;
+    uint64_t *p = (uint64_t *)calloc(1, (size_t)bytes + 16);
+    if (!p) {
+        g_used -= bytes;
+        return coli_fail(COLI_E_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %llu bytes", (unsigned long long)bytes);
+    }
+    p[0] = bytes;
+    *out = p + 2;
+    return COLI_OK;
 }
 
-static void mem_free(void *p) { free(p); }
+static void mem_free(void *p) {
+    uint64_t *base = (uint64_t *)p - 2;
+    g_used -= base[0];
+    free(base);
+}
 
 static coli_status mem_write(void *dst, const void *src, uint64_t bytes) {
     memcpy(dst, src, (size_t)bytes);

@@ -151,6 +151,35 @@ def test_a_backend_that_cannot_start_leaves_the_cpu_path(sanitized: tuple[Path, 
         assert data["tf_pred"] == exp["tf_pred"]
 
 
+def test_a_step_that_does_not_fit_the_device_says_so_and_keeps_the_matmuls(sanitized: tuple[Path, Path]) -> None:
+    """The reference backend acting as a device of N bytes (COLI_REF_DEVICE_MEMORY):
+    room for the dense linears but not the whole step gives one line with the bytes
+    needed and free and the matmuls tier; room for half the linears keeps the rest on
+    the CPU; the tokens are the CPU path's every time."""
+    host, ref = sanitized
+    exp = expected(MODELS / "glm_tiny2")
+    base = ["--model", str(MODELS / "glm_tiny2"), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", "int8"]
+    cpu = run_json(host, *base)
+    dense = run_json(host, *base, "--backend", str(ref), "--offload", "matmuls")
+    whole = run_json(host, *base, "--backend", str(ref))
+    assert isinstance(dense["resident_bytes"], int) and isinstance(whole["resident_bytes"], int)
+    assert whole["tier"] == "step" and whole["resident_bytes"] > dense["resident_bytes"]
+    room = dense["resident_bytes"] + 1000
+    proc = run_host(host, *base, "--backend", str(ref), "--json", env={"COLI_REF_DEVICE_MEMORY": str(room)})
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and re.search(r"the whole step needs (\d+) more bytes on the device, 1000 are free", line)
+    needed = int(re.search(r"needs (\d+) more", line).group(1))  # type: ignore[union-attr]
+    assert needed >= whole["resident_bytes"] - dense["resident_bytes"], line
+    got = json.loads(proc.stdout)
+    assert got["tier"] == "matmuls" and got["resident_tensors"] == dense["resident_tensors"]
+    assert got["tf_pred"] == cpu["tf_pred"] and got["top2_margin"] == cpu["top2_margin"]
+    half = str(dense["resident_bytes"] // 2)
+    got = run_json(host, *base, "--backend", str(ref), env={"COLI_REF_DEVICE_MEMORY": half})
+    assert got["tier"] == "matmuls" and 0 < got["resident_tensors"] < dense["resident_tensors"]  # type: ignore[operator]
+    assert got["tf_pred"] == cpu["tf_pred"] and got["top2_margin"] == cpu["top2_margin"]
+
+
 def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     host, ref = sanitized
     exp = expected(TINY)
