@@ -5,9 +5,9 @@
 # the CPU path at f32/int8/int4, teacher forcing and a 20-token greedy decode); the
 # selftest under compute-sanitizer (memcheck, racecheck); the greedy decode through
 # CUDA against the oracle; then the large synthetic model: decode after a 12-token
-# prompt (the step, the step without graphs, the matmuls-only tier), a 256-token
-# prefill, and decode after a 4,000-token prompt, each beside the device's copy
-# bandwidth measured in the same run. Results go to ${OUT:-bench/out}.
+# prompt (the step, the step without graphs and without overlapped launches, the
+# matmuls-only tier), a 256-token prefill, and decode after a 4,000-token prompt,
+# beside the device's copy bandwidth measured in the same run. Results go to ${OUT:-bench/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/out}
@@ -65,6 +65,7 @@ for q in f32 int8 int4; do
   run cpu "$q" 12 128 --backend none
 done
 COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
+COLI_GPU_CHAIN=0 run step-no-chain int8 12 128 --backend "$LIB"
 run matmuls int4 12 128 --backend "$LIB" --offload matmuls
 for q in int8 int4; do run prefill-256 "$q" 256 2 --backend "$LIB"; done
 run long-4000 int4 4000 128 --backend "$LIB"

@@ -15,6 +15,15 @@
 
 #define STEP_THREADS 256
 
+/* Every step kernel may be launched while the one before it runs (sm_90; see
+ * gpu_launch.cuh): it lets the next one launch and waits for the one before before
+ * it touches memory, so the launches overlap and nothing else does. */
+#define STEP_KERNEL_BEGIN()      \
+    do {                         \
+        coli_allow_next_grid();  \
+        coli_wait_prior_grid();  \
+    } while (0)
+
 /* ---- block reductions ------------------------------------------------------- */
 
 __device__ inline float block_sum(float v, float *shared) {
@@ -50,6 +59,7 @@ __device__ inline float block_max(float v, float *shared) {
 __global__ void set_position_kernel(int64_t *pos, int64_t value) { *pos = value; }
 
 __global__ void embed_kernel(const float *table, const int32_t *ids, float *out, int64_t width, int64_t vocab) {
+    STEP_KERNEL_BEGIN();
     const int64_t r = blockIdx.x;
     const int32_t id = ids[r];
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
@@ -58,6 +68,7 @@ __global__ void embed_kernel(const float *table, const int32_t *ids, float *out,
 
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n, int64_t xs, int64_t os,
                                float eps) {
+    STEP_KERNEL_BEGIN();
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * xs;
     float ss = 0.0f;
@@ -68,6 +79,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64
 }
 
 __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64_t n, int64_t stride, float eps) {
+    STEP_KERNEL_BEGIN();
     __shared__ float red[32];
     float *xr = x + blockIdx.x * stride;
     float s = 0.0f;
@@ -82,6 +94,7 @@ __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64
 /* One block per (row, head): the pairs are read whole before any is written. */
 __global__ void rope_kernel(float *x, const float *inv_freq, const int64_t *pos, int64_t heads, int64_t row_stride,
                             int64_t head_stride, int64_t dim) {
+    STEP_KERNEL_BEGIN();
     __shared__ float v[512];
     const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads, half = dim / 2;
     float *p = x + r * row_stride + h * head_stride;
@@ -97,6 +110,7 @@ __global__ void rope_kernel(float *x, const float *inv_freq, const int64_t *pos,
 
 __global__ void write_rows_kernel(const float *src, float *dst, const int64_t *pos, int64_t width, int64_t src_stride,
                                   int64_t src_repeat, int64_t dst_stride, int64_t pos_rows) {
+    STEP_KERNEL_BEGIN();
     const int64_t r = blockIdx.x;
     float *d = dst + (*pos * pos_rows + r) * dst_stride;
     const float *s = src + r / src_repeat * src_stride;
@@ -104,6 +118,7 @@ __global__ void write_rows_kernel(const float *src, float *dst, const int64_t *p
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t count) {
+    STEP_KERNEL_BEGIN();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
         x[i] += y[i];
 }
@@ -111,17 +126,20 @@ __global__ void add_kernel(float *x, const float *y, int64_t count) {
 __device__ inline float dev_silu(float x) { return x / (1.0f + expf(-x)); }
 
 __global__ void silu_mul_kernel(float *g, const float *u, int64_t count) {
+    STEP_KERNEL_BEGIN();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
         g[i] = dev_silu(g[i]) * u[i];
 }
 
 __global__ void bias_kernel(float *y, const float *bias, int64_t rows, int64_t count) {
+    STEP_KERNEL_BEGIN();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += bias[i % rows];
 }
 
 /* The first maximum of a row: each thread's first best, then the lowest index among equals. */
 __global__ void argmax_kernel(const float *logits, int32_t *ids, int64_t vocab) {
+    STEP_KERNEL_BEGIN();
     __shared__ float bv[STEP_THREADS];
     __shared__ int64_t bi[STEP_THREADS];
     const float *row = logits + blockIdx.x * vocab;
@@ -148,6 +166,7 @@ __global__ void argmax_kernel(const float *logits, int32_t *ids, int64_t vocab) 
 
 __global__ void route_kernel(const float *logits, const float *bias, int32_t *idx, float *w, int64_t rows,
                              int64_t E, int64_t G, int64_t topk_group, int64_t K, int64_t norm, float scaling) {
+    STEP_KERNEL_BEGIN();
     const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const float *lg = logits + r * E;
@@ -214,6 +233,7 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
 template <int FORMAT>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
                               int64_t inter, int64_t hid, int64_t experts) {
+    STEP_KERNEL_BEGIN();
     const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const int32_t e = idx[pair];
@@ -226,6 +246,7 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
 template <int FORMAT>
 __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, float *eo, int64_t inter,
                                 int64_t hid, int64_t experts) {
+    STEP_KERNEL_BEGIN();
     const int64_t pair = blockIdx.y, d = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     const int32_t e = idx[pair];
@@ -237,6 +258,7 @@ __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int
 /* out[row] = the experts' outputs times their weights, added in ascending expert order. */
 __global__ void moe_combine_kernel(const float *eo, const int32_t *idx, const float *w, float *out, int64_t k,
                                    int64_t hid) {
+    STEP_KERNEL_BEGIN();
     const int64_t r = blockIdx.y, d = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (d >= hid) return;
     int order[16];
@@ -257,6 +279,7 @@ __global__ void moe_combine_kernel(const float *eo, const int32_t *idx, const fl
 /* scores[row][t] for keys t <= p + row: a warp a key. */
 __global__ void index_scores_kernel(const float *iq, const float *iw, const float *keys, float *scores,
                                     const int64_t *pos, int64_t heads, int64_t dim, int64_t stride, float weight_scale) {
+    STEP_KERNEL_BEGIN();
     const int64_t row = blockIdx.y, t = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (t > *pos + row) return;
@@ -283,6 +306,7 @@ __device__ inline uint32_t order_key(float f) {
  * keys above it, and the earliest of those equal to it. */
 __global__ void index_select_kernel(const float *scores, uint8_t *sel, const int64_t *pos, int64_t stride, int64_t topk,
                                     int64_t rows) {
+    STEP_KERNEL_BEGIN();
     __shared__ uint32_t hist[256];
     __shared__ uint32_t prefix_s, need_s;
     __shared__ int64_t counts[STEP_THREADS];
@@ -339,6 +363,7 @@ __global__ void index_select_kernel(const float *scores, uint8_t *sel, const int
 __global__ void attend_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *scores,
                               float *out, const int64_t *pos, int64_t heads, int64_t qk, int64_t vdim, int64_t stride,
                               float scaling) {
+    STEP_KERNEL_BEGIN();
     __shared__ float red[32];
     const int64_t row = blockIdx.x / heads, h = blockIdx.x % heads, last = *pos + row;
     const float *qr = q + (row * heads + h) * qk;
@@ -481,12 +506,12 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     const coli_moe_operands a = coli_unpack_moe(&o->op, o->p);
     const int64_t inter = o->w[0]->rows, hid = o->w[0]->cols, experts = a.n_tensors / 3, pairs = a.rows * a.k;
     const int per = STEP_THREADS / WARP;
-    moe_up_kernel<FORMAT><<<dim3((unsigned)((inter + per - 1) / per), (unsigned)pairs), STEP_THREADS, 0, st>>>(
-        table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts);
-    moe_down_kernel<FORMAT><<<dim3((unsigned)((hid + per - 1) / per), (unsigned)pairs), STEP_THREADS, 0, st>>>(
-        table, g->moe_gu, a.idx, g->moe_eo, inter, hid, experts);
-    moe_combine_kernel<<<dim3(blocks_for(hid), (unsigned)a.rows), STEP_THREADS, 0, st>>>(g->moe_eo, a.idx, a.w, a.out,
-                                                                                       a.k, hid);
+    launch_early(chain_calls(), moe_up_kernel<FORMAT>, dim3((unsigned)((inter + per - 1) / per), (unsigned)pairs),
+        dim3(STEP_THREADS), 0, st, table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts);
+    launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3((unsigned)((hid + per - 1) / per), (unsigned)pairs),
+        dim3(STEP_THREADS), 0, st, table, g->moe_gu, a.idx, g->moe_eo, inter, hid, experts);
+    launch_early(chain_calls(), moe_combine_kernel, dim3(blocks_for(hid), (unsigned)a.rows), dim3(STEP_THREADS), 0,
+        st, g->moe_eo, a.idx, a.w, a.out, a.k, hid);
 }
 
 /* Queues one op; the launch's error, if any, is read once after the step. */
@@ -496,46 +521,52 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     switch (o->op.kind) {
     case COLI_OP_EMBED: {
         const coli_embed_operands a = coli_unpack_embed(&o->op, p);
-        embed_kernel<<<(unsigned)a.rows, STEP_THREADS, 0, st>>>(a.table, a.ids, a.out, a.width, a.vocab);
+        launch_early(chain_calls(), embed_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.table, a.ids,
+            a.out, a.width, a.vocab);
         break;
     }
     case COLI_OP_RMSNORM: {
         const coli_rmsnorm_operands a = coli_unpack_rmsnorm(&o->op, p);
-        rmsnorm_kernel<<<(unsigned)a.rows, STEP_THREADS, 0, st>>>(a.x, a.w, a.out, a.n, a.x_stride, a.out_stride, a.eps);
+        launch_early(chain_calls(), rmsnorm_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.x, a.w,
+            a.out, a.n, a.x_stride, a.out_stride, a.eps);
         break;
     }
     case COLI_OP_LAYERNORM: {
         const coli_layernorm_operands a = coli_unpack_layernorm(&o->op, p);
-        layernorm_kernel<<<(unsigned)a.rows, STEP_THREADS, 0, st>>>(a.x, a.w, a.b, a.n, a.stride, a.eps);
+        launch_early(chain_calls(), layernorm_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.x, a.w,
+            a.b, a.n, a.stride, a.eps);
         break;
     }
     case COLI_OP_ROPE: {
         const coli_rope_operands a = coli_unpack_rope(&o->op, p);
-        rope_kernel<<<(unsigned)(a.rows * a.heads), 64, 0, st>>>(a.x, a.inv_freq, pos, a.heads, a.row_stride,
-                                                                 a.head_stride, a.dim);
+        launch_early(chain_calls(), rope_kernel, dim3((unsigned)(a.rows * a.heads)), dim3(64), 0, st, a.x, a.inv_freq,
+            pos, a.heads, a.row_stride, a.head_stride, a.dim);
         break;
     }
     case COLI_OP_MATMUL: {
         const coli_matmul_operands a = coli_unpack_matmul(&o->op, p);
         const coli_weight *w = o->w[0];
         (void)launch_matmul(w, a.x, a.s, a.y, false, st, w->format == COLI_FMT_F32 ? NULL : g->planes);
-        if (a.bias) bias_kernel<<<blocks_for(a.s * w->rows), STEP_THREADS, 0, st>>>(a.y, a.bias, w->rows, a.s * w->rows);
+        if (a.bias) launch_early(chain_calls(), bias_kernel,
+            dim3(blocks_for(a.s * w->rows)), dim3(STEP_THREADS), 0, st, a.y, a.bias, w->rows, a.s * w->rows);
         break;
     }
     case COLI_OP_WRITE_ROWS: {
         const coli_write_rows_operands a = coli_unpack_write_rows(&o->op, p);
-        write_rows_kernel<<<(unsigned)a.rows, 128, 0, st>>>(a.src, a.dst, pos, a.width, a.src_stride, a.src_repeat,
-                                                            a.dst_stride, a.pos_rows);
+        launch_early(chain_calls(), write_rows_kernel, dim3((unsigned)a.rows), dim3(128), 0, st, a.src, a.dst, pos,
+            a.width, a.src_stride, a.src_repeat, a.dst_stride, a.pos_rows);
         break;
     }
     case COLI_OP_ADD: {
         const coli_add_operands a = coli_unpack_add(&o->op, p);
-        add_kernel<<<blocks_for(a.count), STEP_THREADS, 0, st>>>(a.x, a.y, a.count);
+        launch_early(chain_calls(), add_kernel, dim3(blocks_for(a.count)), dim3(STEP_THREADS), 0, st, a.x, a.y,
+            a.count);
         break;
     }
     case COLI_OP_SILU_MUL: {
         const coli_silu_mul_operands a = coli_unpack_silu_mul(&o->op, p);
-        silu_mul_kernel<<<blocks_for(a.count), STEP_THREADS, 0, st>>>(a.g, a.u, a.count);
+        launch_early(chain_calls(), silu_mul_kernel, dim3(blocks_for(a.count)), dim3(STEP_THREADS), 0, st, a.g, a.u,
+            a.count);
         break;
     }
     case COLI_OP_INDEXER: {
@@ -543,22 +574,23 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
         const int per = STEP_THREADS / WARP;
         /* keys up to the largest position the step allows for its last row */
         const int64_t keys = a.sel_stride;
-        index_scores_kernel<<<dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows), STEP_THREADS, 0, st>>>(
-            a.iq, a.iw, a.keys, g->scores, pos, a.heads, a.dim, a.sel_stride, a.weight_scale);
-        index_select_kernel<<<(unsigned)a.rows, STEP_THREADS, 0, st>>>(g->scores, a.sel, pos, a.sel_stride, a.topk,
-                                                                        a.rows);
+        launch_early(chain_calls(), index_scores_kernel, dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows),
+            dim3(STEP_THREADS), 0, st, a.iq, a.iw, a.keys,
+            g->scores, pos, a.heads, a.dim, a.sel_stride, a.weight_scale);
+        launch_early(chain_calls(), index_select_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st,
+            g->scores, a.sel, pos, a.sel_stride, a.topk, a.rows);
         break;
     }
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
-        attend_kernel<<<(unsigned)(a.rows * a.heads), STEP_THREADS, 0, st>>>(
-            a.q, a.k, a.v, a.sel, g->scores, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
+        launch_early(chain_calls(), attend_kernel, dim3((unsigned)(a.rows * a.heads)), dim3(STEP_THREADS), 0, st, a.q,
+            a.k, a.v, a.sel, g->scores, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
         break;
     }
     case COLI_OP_ROUTE: {
         const coli_route_operands a = coli_unpack_route(&o->op, p);
-        route_kernel<<<(unsigned)((a.rows + 63) / 64), 64, 0, st>>>(a.logits, a.bias, a.idx, a.w, a.rows, a.experts,
-                                                                    a.groups, a.topk_group, a.k, a.norm, a.scaling);
+        launch_early(chain_calls(), route_kernel, dim3((unsigned)((a.rows + 63) / 64)), dim3(64), 0, st, a.logits,
+            a.bias, a.idx, a.w, a.rows, a.experts, a.groups, a.topk_group, a.k, a.norm, a.scaling);
         break;
     }
     case COLI_OP_MOE: {
@@ -570,7 +602,8 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     default: {
         const coli_argmax_operands a = coli_unpack_argmax(&o->op, p);
-        argmax_kernel<<<(unsigned)a.rows, STEP_THREADS, 0, st>>>(a.logits, a.ids, a.vocab);
+        launch_early(chain_calls(), argmax_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.logits, a.ids,
+            a.vocab);
     }
     }
 }
