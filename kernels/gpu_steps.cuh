@@ -359,42 +359,89 @@ __global__ void index_select_kernel(const float *scores, uint8_t *sel, const int
 
 /* ---- attention ------------------------------------------------------------------- */
 
-/* One block per (row, head): scores of the selected keys, softmax, the weighted v. */
-__global__ void attend_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *scores,
-                              float *out, const int64_t *pos, int64_t heads, int64_t qk, int64_t vdim, int64_t stride,
-                              float scaling) {
+/* Keys a block of attend_part_kernel takes: a query's keys split over blocks, so a
+ * decoded token's few (query, head) pairs still fill the GPU at long contexts. */
+#define ATTEND_CHUNK 256
+
+/* One block per (row, head, chunk of keys): the chunk's selected scores, their max
+ * m, sum of exp(score - m) and the exp-weighted v, into part[(pair, chunk)] as
+ * [m, sum, v...]; a chunk with no selected key (or past the query) has sum 0. */
+__global__ void attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
+                                   const int64_t *pos, int64_t heads, int64_t qk, int64_t vdim, int64_t stride,
+                                   float scaling) {
     STEP_KERNEL_BEGIN();
-    __shared__ float red[32];
-    const int64_t row = blockIdx.x / heads, h = blockIdx.x % heads, last = *pos + row;
-    const float *qr = q + (row * heads + h) * qk;
+    __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
+    const int64_t pair = blockIdx.x, row = pair / heads, h = pair % heads, last = *pos + row;
+    const int64_t t0 = (int64_t)blockIdx.y * ATTEND_CHUNK, t1 = t0 + ATTEND_CHUNK - 1 < last ? t0 + ATTEND_CHUNK - 1 : last;
+    float *out = part + (pair * gridDim.y + blockIdx.y) * (vdim + 2);
+    if (t0 > last) { /* a whole block leaves together: no barrier is skipped by some */
+        if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
+        return;
+    }
+    const float *qr = q + pair * qk;
     const uint8_t *sr = sel + row * stride;
-    float *p = scores + blockIdx.x * stride;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    for (int64_t t = warp; t <= last; t += nw) {
-        if (!sr[t]) continue;
-        const float *kt = k + (t * heads + h) * qk;
+    for (int64_t t = t0 + warp; t <= t1; t += nw) {
         float d = 0.0f;
-        for (int64_t i = lane; i < qk; i += WARP) d += qr[i] * kt[i];
-        d = warp_sum(d);
-        if (lane == 0) p[t] = d * scaling;
+        if (sr[t]) {
+            const float *kt = k + (t * heads + h) * qk;
+            for (int64_t i = lane; i < qk; i += WARP) d += qr[i] * kt[i];
+            d = warp_sum(d) * scaling;
+        }
+        if (lane == 0) p[t - t0] = sr[t] ? d : -INFINITY;
     }
     __syncthreads();
     float mx = -INFINITY;
-    for (int64_t t = threadIdx.x; t <= last; t += blockDim.x)
-        if (sr[t]) mx = fmaxf(mx, p[t]);
+    for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) mx = fmaxf(mx, p[t - t0]);
     mx = block_max(mx, red);
     float sum = 0.0f;
-    for (int64_t t = threadIdx.x; t <= last; t += blockDim.x)
-        if (sr[t]) {
-            p[t] = expf(p[t] - mx);
-            sum += p[t];
-        }
+    for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) {
+        const float e = mx == -INFINITY ? 0.0f : expf(p[t - t0] - mx);
+        p[t - t0] = e;
+        sum += e;
+    }
     sum = block_sum(sum, red); /* its barriers also order the writes of p before the reads below */
+    /* the weighted v: groups of vdim threads take every groups-th key, then add up */
+    if (vdim <= (int64_t)blockDim.x) {
+        const int64_t groups = blockDim.x / vdim, g = threadIdx.x / vdim, d = threadIdx.x % vdim;
+        float a = 0.0f;
+        if (g < groups)
+            for (int64_t t = t0 + g; t <= t1; t += groups) a += p[t - t0] * v[(t * heads + h) * vdim + d];
+        acc[threadIdx.x] = a;
+        __syncthreads();
+        if (threadIdx.x < vdim) {
+            float total = 0.0f;
+            for (int64_t gg = 0; gg < groups; gg++) total += acc[gg * vdim + threadIdx.x];
+            out[2 + threadIdx.x] = total;
+        }
+    } else {
+        for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
+            float a = 0.0f;
+            for (int64_t t = t0; t <= t1; t++) a += p[t - t0] * v[(t * heads + h) * vdim + d];
+            out[2 + d] = a;
+        }
+    }
+    if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
+}
+
+/* out[pair] = sum over chunks of exp(m_c - M) * v_c / sum over chunks of exp(m_c - M) * sum_c. */
+__global__ void attend_combine_kernel(const float *part, float *out, int64_t chunks, int64_t vdim) {
+    STEP_KERNEL_BEGIN();
+    const int64_t pair = blockIdx.x;
+    const float *pp = part + pair * chunks * (vdim + 2);
+    float M = -INFINITY;
+    for (int64_t c = 0; c < chunks; c++)
+        if (pp[c * (vdim + 2) + 1] > 0.0f) M = fmaxf(M, pp[c * (vdim + 2)]);
+    float total = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float s = pp[c * (vdim + 2) + 1];
+        if (s > 0.0f) total += expf(pp[c * (vdim + 2)] - M) * s;
+    }
     for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t <= last; t++)
-            if (sr[t]) acc += p[t] / sum * v[(t * heads + h) * vdim + d];
-        out[(row * heads + h) * vdim + d] = acc;
+        float a = 0.0f;
+        for (int64_t c = 0; c < chunks; c++)
+            if (pp[c * (vdim + 2) + 1] > 0.0f) a += expf(pp[c * (vdim + 2)] - M) * pp[c * (vdim + 2) + 2 + d];
+        out[pair * vdim + d] = a / total;
     }
 }
 
@@ -445,7 +492,10 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
             const size_t b = (size_t)(i[0] * o->w[0]->cols) * sizeof(float);
             planes = b > planes ? b : planes;
         } else if (o->op.kind == COLI_OP_INDEXER || o->op.kind == COLI_OP_ATTEND) {
-            const size_t b = (size_t)(i[0] * (o->op.kind == COLI_OP_ATTEND ? i[1] : 1) * i[4]) * sizeof(float);
+            /* the indexer's scores [rows, sel_stride]; attention's parts [rows * heads, chunks, vdim + 2] */
+            const int64_t chunks = (i[4] + ATTEND_CHUNK - 1) / ATTEND_CHUNK;
+            const size_t b = (size_t)(o->op.kind == COLI_OP_ATTEND ? i[0] * i[1] * chunks * (i[3] + 2) : i[0] * i[4]) *
+                             sizeof(float);
             scores = b > scores ? b : scores;
         } else if (o->op.kind == COLI_OP_MOE) {
             const size_t pairs = (size_t)(i[0] * i[1]);
@@ -583,8 +633,11 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
-        launch_early(chain_calls(), attend_kernel, dim3((unsigned)(a.rows * a.heads)), dim3(STEP_THREADS), 0, st, a.q,
-            a.k, a.v, a.sel, g->scores, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
+        const int64_t chunks = (a.sel_stride + ATTEND_CHUNK - 1) / ATTEND_CHUNK, pairs = a.rows * a.heads;
+        launch_early(chain_calls(), attend_part_kernel, dim3((unsigned)pairs, (unsigned)chunks), dim3(STEP_THREADS), 0,
+            st, a.q, a.k, a.v, a.sel, g->scores, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
+        launch_early(chain_calls(), attend_combine_kernel, dim3((unsigned)pairs), dim3(128), 0, st, g->scores, a.out,
+            chunks, a.vdim);
         break;
     }
     case COLI_OP_ROUTE: {
