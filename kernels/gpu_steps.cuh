@@ -219,11 +219,30 @@ struct dev_weight {
     int32_t group, layout;
 };
 
+/* A row of an expert's weight dotted with x, on a warp: whole 32-bit words a lane
+ * (4 int8 or 8 int4 values, dequantised exactly as the matmul kernels do), in the
+ * ABI's order or the mma layout's; value by value (stored_value) otherwise. */
 template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w, int64_t row, const float *x, int lane) {
+    constexpr int PW = fmt<FORMAT>::per_word;
     float acc = 0.0f;
-    for (int64_t c = lane; c < w.cols; c += WARP) {
-        const float v = x[c] * stored_value<FORMAT>(w.q, row, w.cols, w.layout, c);
-        acc += FORMAT == COLI_FMT_Q4 ? v * stored_scale(w.scale, row, w.cols, w.group, w.layout, c) : v;
+    const bool words = w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0);
+    if (words) {
+        const int64_t per_row = w.cols / PW, base = row * per_row;
+        const uint32_t *q = (const uint32_t *)w.q;
+        for (int64_t wn = lane; wn < per_row; wn += WARP) {
+            float v[PW];
+            dequant<FORMAT>(q[w.layout ? mma_word(base + wn) : base + wn], v);
+            const float *xs = x + wn * PW;
+            float part = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PW; k++) part += v[k] * xs[k];
+            acc += FORMAT == COLI_FMT_Q4 ? part * w.scale[row * (w.cols / w.group) + wn * PW / w.group] : part;
+        }
+    } else {
+        for (int64_t c = lane; c < w.cols; c += WARP) {
+            const float v = x[c] * stored_value<FORMAT>(w.q, row, w.cols, w.layout, c);
+            acc += FORMAT == COLI_FMT_Q4 ? v * stored_scale(w.scale, row, w.cols, w.group, w.layout, c) : v;
+        }
     }
     acc = warp_sum(acc);
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
