@@ -302,11 +302,17 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         END();
     }
     static const char *names[] = {"f32", "int8", "int4"};
-    for (int fmt = 0; fmt < 3; fmt++) {
-        const int64_t E = 6, I = 24, H = 40, rows = 3, K = 2;
-        BEGIN("moe", "%s, 6 experts (24 x 40), 3 rows of 2", names[fmt]);
+    /* the last: int4 rows of 256 in groups of 32, which the GPU keeps in its mma layout */
+    static const struct { int fmt; int64_t inter, hid; int32_t group; } variants[] = {
+        {0, 24, 40, 8}, {1, 24, 40, 8}, {2, 24, 40, 8}, {2, 64, 256, 32}};
+    for (int vi = 0; vi < 4; vi++) {
+        const int fmt = variants[vi].fmt;
+        const int32_t G = variants[vi].group;
+        const int64_t E = 6, I = variants[vi].inter, H = variants[vi].hid, rows = 3, K = 2;
+        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), 3 rows of 2", names[fmt], (long long)I, (long long)H,
+              (int)G);
         float *xv = F(rows * H), *w = F(rows * K), *ref = F(rows * H), *got = F(rows * H);
-        float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * I * H / 8 + 3 * E * H);
+        float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * (I * H / G + H));
         int8_t *q8 = take(&A, (size_t)(3 * E * I * H));
         uint8_t *q4 = take(&A, (size_t)(3 * E * I * H / 2));
         const int32_t idx[6] = {4, 1, 0, 5, 2, 3};
@@ -323,15 +329,15 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         float *se[18];
         for (int64_t t = 0; t < 3 * E && !c->status; t++) { /* tensor t: expert t / 3, part t % 3 */
             const int64_t r = t % 3 == 2 ? H : I, cl = I * H / r;
-            we[t] = wf + t * I * H, q8e[t] = q8 + t * I * H, q4e[t] = q4 + t * I * H / 2, se[t] = sc + t * (I * H / 8 + H);
+            we[t] = wf + t * I * H, q8e[t] = q8 + t * I * H, q4e[t] = q4 + t * I * H / 2, se[t] = sc + t * (I * H / G + H);
             coli_status st;
             if (fmt == 0) st = b->api.tensor_upload_f32(we[t], r, cl, &X.tensors[X.ntensor]);
             else if (fmt == 1) {
                 coli_quantize_q8(we[t], r, cl, q8e[t], se[t]);
                 st = b->api.tensor_upload_q8(q8e[t], se[t], r, cl, &X.tensors[X.ntensor]);
             } else {
-                coli_quantize_q4(we[t], r, cl, 8, q4e[t], se[t]);
-                st = b->api.tensor_upload_q4(q4e[t], se[t], r, cl, 8, &X.tensors[X.ntensor]);
+                coli_quantize_q4(we[t], r, cl, G, q4e[t], se[t]);
+                st = b->api.tensor_upload_q4(q4e[t], se[t], r, cl, G, &X.tensors[X.ntensor]);
             }
             if (!failed(&X, st)) X.ntensor++;
         }
@@ -345,7 +351,7 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
                         float *out = part == 0 ? g : part == 1 ? u : eo;
                         if (fmt == 0) coli_matmul_f32(we[t], rr, cl, in, 1, out);
                         else if (fmt == 1) coli_matmul_q8(q8e[t], se[t], rr, cl, in, 1, out);
-                        else coli_matmul_q4(q4e[t], se[t], rr, cl, 8, in, 1, out);
+                        else coli_matmul_q4(q4e[t], se[t], rr, cl, G, in, 1, out);
                         if (part == 1)
                             for (int64_t i = 0; i < I; i++) g[i] = coli_silu(g[i]) * u[i];
                     }

@@ -33,6 +33,12 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     assert result["passed"] is True and result["backend"] == "ref"
     abi = load_abi(ROOT / "kernels/abi.toml")
     assert result["abi"] == f"{abi.major}.{abi.minor}"
+    # every step op of the ABI alone against its CPU definition, all passing
+    checked = {name for c in result["op_checks"] for name in c["op"].split(", ")}
+    assert checked == {o.name for o in abi.ops} and all(c["ok"] for c in result["op_checks"])
+    assert len([c for c in result["op_checks"] if c["op"] == "moe"]) == 4  # f32, int8, int4 twice
+    steps = [b for b in result["bad_input"] if "step" in b["case"] or "op " in b["case"] or "buffer" in b["case"]]
+    assert len(steps) >= 13 and all(b["ok"] for b in steps)
     checks = [c for c in result["checks"] if c["op"] == "matmul"]
     assert len(checks) >= 15 and all(c["ok"] for c in result["checks"])
     shapes = {(c["rows"], c["cols"], c["s"]) for c in checks}
