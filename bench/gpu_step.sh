@@ -52,12 +52,17 @@ run() { # label quant prompt_len generate extra-args...
     | python3 -c "
 import json, sys
 d = json.load(sys.stdin)
+copy = json.load(open('$out/copy.json'))['copy_GBps'] * 1e9
 keep = ('backend', 'tier', 'quant', 'positions', 'prefill_seconds', 'decode_seconds', 'decode_tokens_per_second',
-        'decode_round_trips', 'step_ops', 'resident_bytes', 'resident_tensors', 'generated')
+        'decode_round_trips', 'step_ops', 'resident_bytes', 'resident_tensors', 'token_weight_bytes',
+        'kv_bytes_per_position')
 r = {k: d.get(k) for k in keep}
 r['label'] = '$label'
 r['prefill_tokens_per_second'] = d['positions'] / d['prefill_seconds']
 r['generated'] = hash(tuple(d['generated'])) % 10**8
+if d.get('token_weight_bytes'):  # the limit: what a token reads (weights, and the cache at the mean position)
+    per_token = d['token_weight_bytes'] + d['kv_bytes_per_position'] * ($n + $g / 2)
+    r['limit_tokens_per_second'] = copy / per_token
 print(json.dumps(r))" | tee -a "$out/step.jsonl"
 }
 for q in f32 int8 int4; do

@@ -83,6 +83,8 @@ typedef struct model {
     model_step *step;        /* non-NULL: every forward is one step in the backend */
     uint64_t resident_bytes; /* what the backend holds for the model: tensors, caches, activations */
     int64_t round_trips;     /* host copies to and from the step's buffers */
+    uint64_t token_weight_bytes;    /* the step's: weight bytes a decoded token reads */
+    uint64_t kv_bytes_per_position; /* the step's KV and indexer caches, all layers */
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the

@@ -108,7 +108,7 @@ static int floats_of(model *m, const float *v, int64_t n, coli_ref *out, char *e
 }
 
 static int upload(model *m, const linear *l, const float *f32, int64_t rows, int64_t cols, coli_tensor *out,
-                  char *err, size_t errlen) {
+                  uint64_t *read, char *err, size_t errlen) {
     model_step *s = m->step;
     coli_status st;
     if (f32) st = s->api->tensor_upload_f32(f32, rows, cols, out);
@@ -122,6 +122,7 @@ static int upload(model *m, const linear *l, const float *f32, int64_t rows, int
     }
     uint64_t bytes = 0;
     if (!s->api->tensor_size(*out, &bytes)) m->resident_bytes += bytes;
+    *read += bytes;
     m->resident++;
     return 0;
 }
@@ -333,24 +334,27 @@ static int upload_layer(model *m, int64_t l, char *err, size_t errlen) {
         (floats_of(m, ly->idx_k_norm_w, ID, &d->idx_k_norm_w, err, errlen) ||
          floats_of(m, ly->idx_k_norm_b, ID, &d->idx_k_norm_b, err, errlen) ||
          buffer_of(m, NULL, (uint64_t)(m->max_pos * ID) * 4, &d->ik_cache, err, errlen) ||
-         upload(m, NULL, ly->idx_weights, c->index_heads, c->hidden, &d->idx_weights, err, errlen)))
+         upload(m, NULL, ly->idx_weights, c->index_heads, c->hidden, &d->idx_weights, &m->token_weight_bytes, err,
+                errlen)))
         return 1;
     if (!c->mlp_sparse[l]) return 0;
     if (floats_of(m, ly->router_bias, c->experts, &d->router_bias, err, errlen) ||
-        upload(m, NULL, ly->router, c->experts, c->hidden, &d->router, err, errlen))
+        upload(m, NULL, ly->router, c->experts, c->hidden, &d->router, &m->token_weight_bytes, err, errlen))
         return 1;
     d->experts = calloc((size_t)(3 * c->experts), sizeof *d->experts);
     if (!d->experts) {
         snprintf(err, errlen, "out of memory");
         return 1;
     }
+    uint64_t experts = 0;
     for (int64_t e = 0; e < c->experts; e++)
         for (int k = 0; k < 3; k++) {
             const int64_t rows = k == 2 ? c->hidden : c->moe_intermediate, cols = k == 2 ? c->moe_intermediate : c->hidden;
             const float *f32 = ly->experts ? NULL : (k == 0 ? ly->e_gate : k == 1 ? ly->e_up : ly->e_down)[e];
             const linear *ex = ly->experts ? &ly->experts[3 * e + k] : NULL;
-            if (upload(m, ex, f32, rows, cols, &d->experts[3 * e + k], err, errlen)) return 1;
+            if (upload(m, ex, f32, rows, cols, &d->experts[3 * e + k], &experts, err, errlen)) return 1;
         }
+    m->token_weight_bytes += experts / (uint64_t)c->experts * (uint64_t)c->experts_per_tok; /* a token's k experts */
     return 0;
 }
 
@@ -386,6 +390,13 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
                  "the CPU, its dense matmuls in %s", (unsigned long long)need, (unsigned long long)free_b, b->name);
         return 0;
     }
+    /* what a decoded token reads: every dense linear (resident already), its embedding row, and what
+     * upload_layer adds (the routers, indexer heads and the token's share of the experts) */
+    m->token_weight_bytes = m->resident_bytes + (uint64_t)c->hidden * sizeof(float);
+    m->kv_bytes_per_position = 0;
+    for (int64_t l = 0; l < c->layers; l++)
+        m->kv_bytes_per_position += (uint64_t)(c->heads * (c->qk_nope + c->qk_rope + c->v_head) +
+                                               (c->indexer_full[l] ? c->index_head_dim : 0)) * sizeof(float);
     model_step *s = calloc(1, sizeof *s);
     if (!s || !(s->layers = calloc((size_t)c->layers, sizeof *s->layers))) {
         free(s);
