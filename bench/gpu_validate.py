@@ -1,22 +1,18 @@
 """On a GPU machine: the engine through the CUDA backend against the CPU path,
-using the project's own validation code (toolchain/validate.py, stdlib only).
+using the project's own validation code (toolchain/validate.py).
 
     python3 bench/gpu_validate.py HOST LIB OUT.json
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("validate", ROOT / "toolchain" / "validate.py")
-assert spec and spec.loader
-validate = importlib.util.module_from_spec(spec)
-sys.modules["validate"] = validate  # dataclasses look their module up there
-spec.loader.exec_module(validate)
+sys.path.insert(0, str(ROOT))
+from toolchain import validate  # noqa: E402  (the repository's own package, by path)
 
 host, lib, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 models = [ROOT / "tests/fixtures/models/glm_tiny", ROOT / "tests/fixtures/models/glm_tiny2"]

@@ -54,6 +54,7 @@ static void release(coli_weight *w) {
 
 COLI_API coli_status coli_backend_shutdown(void) {
     coli_steps_reset();
+    profile_print();
     if (g_step_stream) (void)cudaStreamDestroy(g_step_stream);
     g_step_stream = NULL;
     for (uint32_t i = 0; i < g_tensors.count; i++)

@@ -52,6 +52,12 @@
 #define cudaGraphLaunch hipGraphLaunch
 #define cudaGraphDestroy hipGraphDestroy
 #define cudaGraphExecDestroy hipGraphExecDestroy
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreate hipEventCreate
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
+#define cudaEventElapsedTime hipEventElapsedTime
 /* lanes exchange within 32-lane teams: a 64-wide wavefront holds two teams */
 #define COLI_SHFL_XOR(v, o) __shfl_xor((v), (o), 32)
 #define COLI_SHFL(v, src) __shfl((v), (src), 32)

@@ -694,12 +694,63 @@ static bool use_graphs(void) {
     return on != 0;
 }
 
+/* COLI_GPU_PROFILE=1: every run launches its ops one by one, each between two
+ * events, and the time per op kind (matmuls by format) is printed to stderr when
+ * the backend shuts down: where a step's GPU time goes, with no profiler. */
+enum { PROFILE_KINDS = 16 + 3 };
+static double g_profile_ms[PROFILE_KINDS];
+static int64_t g_profile_calls[PROFILE_KINDS];
+static bool profiling(void) {
+    static int on = -1;
+    if (on < 0) on = getenv("COLI_GPU_PROFILE") != NULL;
+    return on != 0;
+}
+
+static int profile_slot(const coli_rec_op *o) {
+    return o->op.kind == COLI_OP_MATMUL ? 16 + o->w[0]->format : o->op.kind;
+}
+
+static coli_status profile_run(const coli_rec *r, const gpu_rec *g, cudaStream_t s) {
+    cudaEvent_t ev[2];
+    GPU_CHECK(cudaEventCreate(&ev[0]));
+    GPU_CHECK(cudaEventCreate(&ev[1]));
+    for (int32_t k = 0; k < r->count; k++) {
+        float ms = 0.0f;
+        GPU_CHECK(cudaEventRecord(ev[0], s));
+        launch_op(&r->ops[k], k, g, s);
+        GPU_CHECK(cudaEventRecord(ev[1], s));
+        GPU_CHECK(cudaEventSynchronize(ev[1]));
+        GPU_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        g_profile_ms[profile_slot(&r->ops[k])] += ms;
+        g_profile_calls[profile_slot(&r->ops[k])]++;
+    }
+    (void)cudaEventDestroy(ev[0]);
+    (void)cudaEventDestroy(ev[1]);
+    return COLI_OK;
+}
+
+static void profile_print(void) {
+    static const char *const fmts[] = {"matmul f32", "matmul int8", "matmul int4"};
+    double total = 0.0;
+    for (int k = 0; k < PROFILE_KINDS; k++) total += g_profile_ms[k];
+    if (!profiling() || total <= 0.0) return;
+    fprintf(stderr, "GPU step ops (COLI_GPU_PROFILE): %.3f ms in all\n", total);
+    for (int k = 0; k < PROFILE_KINDS; k++) {
+        if (!g_profile_calls[k]) continue;
+        const coli_op_info *info = k < 16 ? coli_op_info_of(k) : NULL;
+        fprintf(stderr, "  %-12s %8lld calls %10.3f ms %8.2f us each %5.1f%%\n", k >= 16 ? fmts[k - 16] : info->name,
+                (long long)g_profile_calls[k], g_profile_ms[k], 1e3 * g_profile_ms[k] / (double)g_profile_calls[k],
+                100.0 * g_profile_ms[k] / total);
+    }
+}
+
 static coli_status rec_run(coli_rec *r, int64_t position) {
     gpu_rec *g = (gpu_rec *)r->impl;
     coli_status st;
     if (!g && (st = gpu_rec_make(r, &g))) return st;
     cudaStream_t s = g_step_stream;
     set_position_kernel<<<1, 1, 0, s>>>(g->pos, position);
+    if (profiling()) return profile_run(r, g, s);
     /* the first run launches directly (kernel attributes are set on first use, outside
      * any capture); the second captures the ops, and that and every later run replay them */
     if (g->runs++ == 0 || !use_graphs()) {
