@@ -5,7 +5,7 @@
 # the CPU path at f32/int8/int4, teacher forcing and a 20-token greedy decode); the
 # selftest under compute-sanitizer (memcheck, racecheck); the greedy decode through
 # CUDA against the oracle; then the large synthetic model: decode after a 12-token
-# prompt (the step, the step without graphs and without overlapped launches, the
+# prompt (the step, the step without graphs, overlapped launches or fused ops, the
 # matmuls-only tier), a 256-token prefill, and decode after a 4,000-token prompt,
 # beside the device's copy bandwidth measured in the same run. Results go to ${OUT:-bench/out}.
 set -uo pipefail
@@ -71,8 +71,13 @@ for q in f32 int8 int4; do
 done
 COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
 COLI_GPU_CHAIN=0 run step-no-chain int8 12 128 --backend "$LIB"
+COLI_GPU_FUSE=0 run step-no-fuse int8 12 128 --backend "$LIB"
 run matmuls int4 12 128 --backend "$LIB" --offload matmuls
 for q in int8 int4; do run prefill-256 "$q" 256 2 --backend "$LIB"; done
 run long-4000 int4 4000 128 --backend "$LIB"
 run long-4000 int8 4000 128 --backend "$LIB"
+# where the decode's GPU time goes, op kind by op kind (each op timed alone between events)
+COLI_GPU_PROFILE=1 "$HOST" --model "$work/large" --ids "$(prompt 12 1)" --generate 64 --quant int8 --backend "$LIB" \
+  2> "$out/profile.txt" > /dev/null
+cat "$out/profile.txt"
 exit "$rc"

@@ -130,6 +130,30 @@ static void check_norms(coli_backend *b, op_check *checks, int *pn) {
         END();
     }
     {
+        BEGIN("add, rmsnorm", "x += y, then 3 rows of 96 of x normalised (a pair a backend may fuse)");
+        float *xv = F(3 * 96), *y = F(3 * 96), *w = F(96), *ref = F(2 * 3 * 96), *got = F(2 * 3 * 96);
+        fill(xv, 3 * 96, 1.0f), fill(y, 3 * 96, 1.0f), fill(w, 96, 1.0f);
+        for (int i = 0; i < 3 * 96; i++) ref[i] = xv[i] + y[i];
+        for (int r = 0; r < 3; r++) coli_rmsnorm(ref + r * 96, w, 96, 1e-5f, ref + 3 * 96 + r * 96);
+        coli_ref xr = put(&X, xv, 3 * 96 * 4), yr = put(&X, y, 3 * 96 * 4), wr = put(&X, w, 96 * 4);
+        coli_ref o = put(&X, NULL, 3 * 96 * 4);
+        coli_step s = 0;
+        if (!failed(&X, b->api.step_begin(&s))) {
+            const coli_op ops[] = {coli_op_add(xr, yr, 3 * 96), coli_op_rmsnorm(xr, wr, o, 3, 96, 96, 96, 1e-5f)};
+            for (int k = 0; k < 2; k++) failed(&X, b->api.step_add(s, &ops[k]));
+            if (!failed(&X, b->api.step_end(s)))
+                for (int t = 0; t < 2 && !c->status; t++) failed(&X, b->api.step_run(s, 0)); /* the graph too */
+            b->api.step_free(s);
+        }
+        get(&X, xr, got, 3 * 96 * 4);
+        get(&X, o, got + 3 * 96, 3 * 96 * 4);
+        /* two runs added y twice: the second sum is what the norm saw */
+        for (int i = 0; i < 3 * 96; i++) ref[i] += y[i];
+        for (int r = 0; r < 3; r++) coli_rmsnorm(ref + r * 96, w, 96, 1e-5f, ref + 3 * 96 + r * 96);
+        c->err = rel_err(got, ref, 2 * 3 * 96);
+        END();
+    }
+    {
         BEGIN("layernorm", "2 rows of 64, stride 70, in place");
         float *xv = F(140), *w = F(64), *bv = F(64), *ref = F(140), *got = F(140);
         fill(xv, 140, 3.0f), fill(w, 64, 1.0f), fill(bv, 64, 1.0f);

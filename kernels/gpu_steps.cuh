@@ -78,6 +78,25 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[blockIdx.x * os + i] = w[i] * (xr[i] * r);
 }
 
+/* add then rmsnorm of the sum, one kernel (a pair the step records after attention
+ * and after each MLP): x += y, out = rmsnorm(x). Each thread rereads only what it wrote. */
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out, int64_t n, int64_t os,
+                                   float eps) {
+    STEP_KERNEL_BEGIN();
+    __shared__ float red[32];
+    float *xr = x + blockIdx.x * n;
+    const float *yr = y + blockIdx.x * n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red) / (float)n;
+    const float r = 1.0f / sqrtf(ss + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[blockIdx.x * os + i] = w[i] * (xr[i] * r);
+}
+
 __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64_t n, int64_t stride, float eps) {
     STEP_KERNEL_BEGIN();
     __shared__ float red[32];
@@ -162,48 +181,51 @@ __global__ void argmax_kernel(const float *logits, int32_t *ids, int64_t vocab) 
     if (threadIdx.x == 0) ids[blockIdx.x] = (int32_t)(bi[0] < 0 ? 0 : bi[0]);
 }
 
-/* ---- the router: one thread a row, coli_route's steps ------------------------ */
+/* ---- the router: a block a row, coli_route's steps --------------------------- */
 
-__global__ void route_kernel(const float *logits, const float *bias, int32_t *idx, float *w, int64_t rows,
-                             int64_t E, int64_t G, int64_t topk_group, int64_t K, int64_t norm, float scaling) {
+/* The scores and choices (and each group's two best) on all threads, then the
+ * picks, which only compare, on one. */
+__global__ void route_kernel(const float *logits, const float *bias, int32_t *idx, float *w, int64_t E, int64_t G,
+                             int64_t topk_group, int64_t K, int64_t norm, float scaling) {
     STEP_KERNEL_BEGIN();
-    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+    __shared__ float score[1024], choice[1024], gscore[1024];
+    __shared__ unsigned char group_on[1024], taken[1024];
+    const int64_t r = blockIdx.x, per = E / G;
     const float *lg = logits + r * E;
-    const int64_t per = E / G;
-    uint32_t group_on[32] = {0}, taken[32] = {0}; /* bit sets of 1024 */
-    float gscore[1024 / 1];
-    for (int64_t g = 0; g < G; g++) {
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+        score[e] = 1.0f / (1.0f + expf(-lg[e]));
+        choice[e] = score[e] + bias[e];
+        taken[e] = 0;
+    }
+    __syncthreads();
+    for (int64_t g = threadIdx.x; g < G; g += blockDim.x) {
         float a = -INFINITY, b2 = -INFINITY;
         for (int64_t e = g * per; e < (g + 1) * per; e++) {
-            const float ch = 1.0f / (1.0f + expf(-lg[e])) + bias[e];
-            if (ch > a) b2 = a, a = ch;
-            else if (ch > b2) b2 = ch;
+            if (choice[e] > a) b2 = a, a = choice[e];
+            else if (choice[e] > b2) b2 = choice[e];
         }
         gscore[g] = a + b2;
+        group_on[g] = 0;
     }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
     for (int64_t j = 0; j < topk_group; j++) {
         int64_t best = -1;
         for (int64_t g = 0; g < G; g++)
-            if (!(group_on[g / 32] >> (g % 32) & 1) && (best < 0 || gscore[g] > gscore[best])) best = g;
+            if (!group_on[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
         if (best < 0) break;
-        group_on[best / 32] |= 1u << (best % 32);
+        group_on[best] = 1;
     }
     float sum = 0.0f;
     for (int64_t j = 0; j < K; j++) {
         int64_t best = -1;
-        float bc = 0.0f;
-        for (int64_t e = 0; e < E; e++) {
-            const int64_t g = e / per;
-            if (!(group_on[g / 32] >> (g % 32) & 1) || (taken[e / 32] >> (e % 32) & 1)) continue;
-            const float ch = 1.0f / (1.0f + expf(-lg[e])) + bias[e];
-            if (best < 0 || ch > bc) best = e, bc = ch;
-        }
+        for (int64_t e = 0; e < E; e++)
+            if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
         if (best < 0) best = 0;
-        taken[best / 32] |= 1u << (best % 32);
+        taken[best] = 1;
         idx[r * K + j] = (int32_t)best;
-        w[r * K + j] = 1.0f / (1.0f + expf(-lg[best]));
-        sum += w[r * K + j];
+        w[r * K + j] = score[best];
+        sum += score[best];
     }
     sum += 1e-20f;
     for (int64_t j = 0; j < K; j++) w[r * K + j] = (norm ? w[r * K + j] / sum : w[r * K + j]) * scaling;
@@ -661,8 +683,8 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ROUTE: {
         const coli_route_operands a = coli_unpack_route(&o->op, p);
-        launch_early(chain_calls(), route_kernel, dim3((unsigned)((a.rows + 63) / 64)), dim3(64), 0, st, a.logits,
-            a.bias, a.idx, a.w, a.rows, a.experts, a.groups, a.topk_group, a.k, a.norm, a.scaling);
+        launch_early(chain_calls(), route_kernel, dim3((unsigned)a.rows), dim3(64), 0, st, a.logits, a.bias, a.idx, a.w,
+            a.experts, a.groups, a.topk_group, a.k, a.norm, a.scaling);
         break;
     }
     case COLI_OP_MOE: {
@@ -680,8 +702,35 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
 }
 
+/* COLI_GPU_FUSE=0 launches every op on its own (for comparisons). */
+static bool fuse_ops(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("COLI_GPU_FUSE");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on != 0;
+}
+
+/* An add whose sum the next op rmsnorms, row by row: one kernel for both. */
+static bool launch_add_rmsnorm(const coli_rec_op *add, const coli_rec_op *norm, cudaStream_t st) {
+    if (add->op.kind != COLI_OP_ADD || norm->op.kind != COLI_OP_RMSNORM) return false;
+    const coli_add_operands a = coli_unpack_add(&add->op, add->p);
+    const coli_rmsnorm_operands n = coli_unpack_rmsnorm(&norm->op, norm->p);
+    if (n.x != a.x || n.x_stride != n.n || n.rows * n.n != a.count) return false;
+    launch_early(chain_calls(), add_rmsnorm_kernel, dim3((unsigned)n.rows), dim3(STEP_THREADS), 0, st, a.x, a.y, n.w,
+        n.out, n.n, n.out_stride, n.eps);
+    return true;
+}
+
 static void launch_ops(const coli_rec *r, const gpu_rec *g, cudaStream_t st) {
-    for (int32_t k = 0; k < r->count; k++) launch_op(&r->ops[k], k, g, st);
+    for (int32_t k = 0; k < r->count; k++) {
+        if (fuse_ops() && k + 1 < r->count && launch_add_rmsnorm(&r->ops[k], &r->ops[k + 1], st)) {
+            k++;
+            continue;
+        }
+        launch_op(&r->ops[k], k, g, st);
+    }
 }
 
 /* COLI_GPU_GRAPHS=0 launches every run's ops one by one (for comparisons). */
