@@ -185,22 +185,23 @@ __global__ void argmax_kernel(const float *logits, int32_t *ids, int64_t vocab) 
 
 /* The scores and choices (and each group's two best) on all threads, then the
  * picks, which only compare, on one. */
-__global__ void route_kernel(const float *logits, const float *bias, int32_t *idx, float *w, int64_t E, int64_t G,
-                             int64_t topk_group, int64_t K, int64_t norm, float scaling) {
+__global__ void route_kernel(const float *logits, const float *bias, int32_t *idx, float *w, int64_t experts,
+                             int64_t groups, int64_t topk_group, int64_t k, int64_t norm, float scaling) {
     STEP_KERNEL_BEGIN();
     __shared__ float score[1024], choice[1024], gscore[1024];
     __shared__ unsigned char group_on[1024], taken[1024];
-    const int64_t r = blockIdx.x, per = E / G;
-    const float *lg = logits + r * E;
-    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    /* 32-bit indices (at most 1024 experts): a 64-bit division is a long software routine on a GPU */
+    const int E = (int)experts, G = (int)groups, per = E / G, TG = (int)topk_group, K = (int)k;
+    const float *lg = logits + blockIdx.x * experts;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
         score[e] = 1.0f / (1.0f + expf(-lg[e]));
         choice[e] = score[e] + bias[e];
         taken[e] = 0;
     }
     __syncthreads();
-    for (int64_t g = threadIdx.x; g < G; g += blockDim.x) {
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
         float a = -INFINITY, b2 = -INFINITY;
-        for (int64_t e = g * per; e < (g + 1) * per; e++) {
+        for (int e = g * per; e < (g + 1) * per; e++) {
             if (choice[e] > a) b2 = a, a = choice[e];
             else if (choice[e] > b2) b2 = choice[e];
         }
@@ -209,26 +210,28 @@ __global__ void route_kernel(const float *logits, const float *bias, int32_t *id
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    for (int64_t j = 0; j < topk_group; j++) {
-        int64_t best = -1;
-        for (int64_t g = 0; g < G; g++)
+    for (int j = 0; j < TG; j++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
             if (!group_on[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
         if (best < 0) break;
         group_on[best] = 1;
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < K; j++) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; e++)
-            if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
+    for (int e = 0; e < E; e++) taken[e] = !group_on[e / per]; /* an expert of a group not chosen is never picked */
+    int32_t *ri = idx + blockIdx.x * k;
+    float *rw = w + blockIdx.x * k, sum = 0.0f;
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
         if (best < 0) best = 0;
         taken[best] = 1;
-        idx[r * K + j] = (int32_t)best;
-        w[r * K + j] = score[best];
+        ri[j] = best;
+        rw[j] = score[best];
         sum += score[best];
     }
     sum += 1e-20f;
-    for (int64_t j = 0; j < K; j++) w[r * K + j] = (norm ? w[r * K + j] / sum : w[r * K + j]) * scaling;
+    for (int j = 0; j < K; j++) rw[j] = (norm ? rw[j] / sum : rw[j]) * scaling;
 }
 
 /* ---- the routed experts -------------------------------------------------------- */
