@@ -2,7 +2,8 @@
 # Where a step's time goes, on a CUDA machine (the device tool): the host and the
 # CUDA backend built by the task graph (bench/gpu_build.sh), then the large
 # synthetic model decoding 128 tokens after a 12-token prompt (f32, int8, int4) and
-# after a 3,900-token prompt (int4), on the CPU and through CUDA. Each line of
+# after a 3,900-token prompt (int4), on the CPU and through CUDA with ABI 1's split
+# (--offload matmuls: the forward on the CPU, its dense matmuls in CUDA). Each line of
 # $out/phases.jsonl is one run: the prefill's and the decode's seconds split into
 # the engine's phases (coli --json: linears, routed_experts, attention, indexer,
 # other), with the backend's share of the linears.
@@ -15,7 +16,7 @@ source bench/gpu_build.sh || exit 1
 python3 bench/make_synthetic.py "$work/large" > /dev/null
 prompt() { python3 -c "import random;random.seed($2);print(','.join(str(random.randrange(2,32000)) for _ in range($1)))"; }
 run() { # backend quant prompt_len
-  "$HOST" --model "$work/large" --ids "$(prompt "$3" 1)" --generate 128 --quant "$2" --backend "$1" --json \
+  "$HOST" --model "$work/large" --ids "$(prompt "$3" 1)" --generate 128 --quant "$2" --backend "$1" --offload matmuls --json \
     | python3 -c "
 import json, sys
 d = json.load(sys.stdin)
