@@ -246,14 +246,12 @@ int main(int argc, char **argv) {
         free(ids);
         return EXIT_USAGE;
     }
-    char note[400] = "";
-    if (have_backend && whole_step && model_step_prepare(&m, note, sizeof note, err, sizeof err)) {
-        fprintf(stderr, "coli: %s\n", err);
-        model_free(&m);
-        coli_backend_close(&b);
-        free(ids);
-        return EXIT_RUNTIME;
-    }
+    char note[sizeof err + 200] = "";
+    /* a step that cannot be set up (a failed upload or allocation) is undone whole: the run
+     * goes on with the dense matmuls in the backend, every other weight still on the host */
+    if (have_backend && whole_step && model_step_prepare(&m, note, sizeof note, err, sizeof err))
+        snprintf(note, sizeof note, "the whole step could not be set up (%s): the step stays on the CPU, its dense "
+                 "matmuls in %s", err, b.name);
     if (note[0]) fprintf(stderr, "coli: %s\n", note);
     t_load = coli_now() - t_load;
     const char *tier = m.step ? "step" : have_backend ? "matmuls" : "cpu";

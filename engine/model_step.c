@@ -40,6 +40,8 @@ struct model_step {
     int64_t chunk;
     coli_step decode, prefill;     /* recorded for 1 and for `chunk` tokens */
     int64_t ops_per_token;         /* ops in the decode step */
+    uint64_t added_bytes;          /* what the step added to the model's resident counts */
+    int32_t added_tensors;
 };
 
 static coli_ref at(coli_buffer b, uint64_t offset) {
@@ -93,6 +95,7 @@ static int buffer_of(model *m, const void *data, uint64_t bytes, coli_ref *out, 
         return 1;
     }
     m->resident_bytes += bytes;
+    s->added_bytes += bytes;
     if (data && s->api->buffer_write(b, 0, data, bytes)) return fail(m, "buffer_write", err, errlen);
     m->round_trips++;
     *out = at(b, 0);
@@ -121,9 +124,10 @@ static int upload(model *m, const linear *l, const float *f32, int64_t rows, int
         return 1;
     }
     uint64_t bytes = 0;
-    if (!s->api->tensor_size(*out, &bytes)) m->resident_bytes += bytes;
+    if (!s->api->tensor_size(*out, &bytes)) m->resident_bytes += bytes, s->added_bytes += bytes;
     *read += bytes;
     m->resident++;
+    s->added_tensors++;
     return 0;
 }
 
@@ -180,6 +184,7 @@ static uint64_t step_bytes(const model *m, int64_t chunk) {
     for (int64_t l = 0; l < c->layers; l++) {
         const layer *ly = &m->layers[l];
         total += (uint64_t)(2 * c->hidden + c->q_lora + c->kv_lora) * 4;
+        if (c->attention_bias) total += (uint64_t)(c->q_lora + c->kv_lora + c->qk_rope + c->hidden) * 4;
         total += (uint64_t)(m->max_pos * c->heads * (qk + c->v_head)) * 4;
         if (c->indexer_full[l])
             total += (uint64_t)(m->max_pos * c->index_head_dim + 2 * c->index_head_dim + c->index_heads * c->hidden) * 4;
@@ -365,6 +370,8 @@ void model_step_free(model *m) {
     if (s->prefill) s->api->step_free(s->prefill);
     for (int32_t i = 0; i < s->n_tensors; i++) s->api->tensor_free(s->tensors[i]);
     for (int32_t i = 0; i < s->n_buffers; i++) s->api->buffer_free(s->buffers[i]);
+    m->resident_bytes -= s->added_bytes;
+    m->resident -= s->added_tensors;
     for (int64_t l = 0; s->layers && l < m->c.layers; l++) free(s->layers[l].experts);
     free(s->layers);
     free(s->buffers);

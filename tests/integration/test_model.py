@@ -174,6 +174,10 @@ def test_a_step_that_does_not_fit_the_device_says_so_and_keeps_the_matmuls(sanit
     got = json.loads(proc.stdout)
     assert got["tier"] == "matmuls" and got["resident_tensors"] == dense["resident_tensors"]
     assert got["tf_pred"] == cpu["tf_pred"] and got["top2_margin"] == cpu["top2_margin"]
+    # the host's estimate covers what the step takes: room for exactly it is enough
+    exact = str(dense["resident_bytes"] + needed)
+    got = run_json(host, *base, "--backend", str(ref), env={"COLI_REF_DEVICE_MEMORY": exact})
+    assert got["tier"] == "step" and got["tf_pred"] == cpu["tf_pred"]
     half = str(dense["resident_bytes"] // 2)
     got = run_json(host, *base, "--backend", str(ref), env={"COLI_REF_DEVICE_MEMORY": half})
     assert got["tier"] == "matmuls" and 0 < got["resident_tensors"] < dense["resident_tensors"]  # type: ignore[operator]
