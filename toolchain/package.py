@@ -20,6 +20,7 @@ from typing import Any
 
 from .atomic import replacing
 from .atomic import sha256sums as _sums_text
+from .closure import runtime_companions
 from .plan import BackendSpec
 from .revision import Revision
 
@@ -107,8 +108,10 @@ def package_files(
     }
     if runtime is not None:
         files["README-hip-runtime.txt"] = _hip_readme(spec, str(info["version"]), host.name, lib.name, runtime)
-        if runtime.bundled:
+        if runtime.bundled:  # the runtime and what it imports from its own folder
             files[runtime.name] = (runtime.folder / runtime.name).read_bytes()
+            for companion in runtime_companions(runtime.folder / runtime.name, spec.windows):
+                files[companion.name] = companion.read_bytes()
     files["SHA256SUMS"] = sha256sums(files)
     return files
 

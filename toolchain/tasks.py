@@ -23,6 +23,7 @@ from doit.tools import config_changed
 from .abi import RENDERINGS, load_abi, render_abi
 from .atomic import write_atomic
 from .build import run_command
+from .closure import closure_problems
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
 from .discover import Missing
 from .errors import ColiError, ReleaseError, ValidateError, VerifyError
@@ -340,6 +341,10 @@ class _Graph:
             hip_runtime=runtime.name if runtime else None,
         )
         files = package_files(spec, host, lib, info, runtime)
+        problems = closure_problems(files, spec.windows)
+        if problems:  # nothing is written: a package that cannot load is not a package
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise VerifyError(f"package {self.package_name(spec)}: {problems[0]}{more}")
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
         print(f"package {dest.name}")
 

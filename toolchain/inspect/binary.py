@@ -17,3 +17,4 @@ class Binary:
     exports: tuple[str, ...]  # sorted
     imports: tuple[str, ...]  # DT_NEEDED, or imported + delay-loaded DLLs
     sections: dict[str, bytes]  # device-code sections only, by name
+    delay_imports: tuple[str, ...] = ()  # PE: the delay-loaded DLLs (also in imports)

@@ -33,7 +33,8 @@ def read_pe(path: Path) -> Binary:
         if hasattr(pe, "DIRECTORY_ENTRY_EXPORT"):
             exports = {s.name.decode("ascii", "replace") for s in pe.DIRECTORY_ENTRY_EXPORT.symbols if s.name}
         imports = [e.dll.decode("ascii", "replace") for e in getattr(pe, "DIRECTORY_ENTRY_IMPORT", [])]
-        imports += [e.dll.decode("ascii", "replace") for e in getattr(pe, "DIRECTORY_ENTRY_DELAY_IMPORT", [])]
+        delayed = [e.dll.decode("ascii", "replace") for e in getattr(pe, "DIRECTORY_ENTRY_DELAY_IMPORT", [])]
+        imports += delayed
         sections = {}
         for sec in pe.sections:
             name = sec.Name.rstrip(b"\0").decode("ascii", "replace")
@@ -50,6 +51,7 @@ def read_pe(path: Path) -> Binary:
             exports=tuple(sorted(exports)),
             imports=tuple(imports),
             sections=sections,
+            delay_imports=tuple(delayed),
         )
     finally:
         pe.close()
