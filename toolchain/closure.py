@@ -45,7 +45,12 @@ def closure_problems(members: Mapping[str, bytes], windows: bool) -> list[str]:
                 continue
             path = Path(tmp) / Path(name).name
             path.write_bytes(data)
-            binary = read_binary(path)
+            try:
+                binary = read_binary(path)
+            except ValueError:
+                kind = "a PE" if data[:2] == b"MZ" else "an ELF"
+                problems.append(f"{name} starts like {kind} file but is not one")
+                continue
             delayed = {fold(d) for d in binary.delay_imports}
             for lib in binary.imports:
                 if fold(lib) in present or _is_system(lib, patterns, windows):

@@ -54,6 +54,9 @@ def test_a_delay_loaded_dll_left_out_is_named_with_its_importer(tmp_path: Path) 
     assert closure_problems(without_b, windows=True) == [
         "a.dll imports b.dll, which is neither in the package nor a system or driver library"
     ]
+    # a member that starts like a binary but is not one is named too
+    broken = {**full, "d.dll": b"MZ but nothing more"}
+    assert closure_problems(broken, windows=True) == ["d.dll starts like a PE file but is not one"]
     # names match in any case on Windows, and text members are not binaries
     upper = {"A.DLL": full["a.dll"], "B.dll": full["b.dll"], "C.DLL": full["c.dll"], "README.txt": b"MZ is not"}
     assert closure_problems({k: v for k, v in upper.items() if k != "README.txt"}, windows=True) == []

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.conftest import compile_ok, need_tool
 from tests.unit.fakes import script
+from tests.unit.test_closure import _dll
 from tests.unit.test_plan import _plan
 from tests.unit.test_windows_build import AMD, ROCK_PROBE, find, msvc
 from toolchain.commands import backend_command
-from toolchain.errors import ToolchainError
+from toolchain.errors import ToolchainError, VerifyError
 from toolchain.plan import make_plan
 
 
@@ -110,12 +113,10 @@ def test_cross_builds_from_linux_still_refuse_gpu_backends(tmp_path: Path) -> No
     assert _plan(tmp_path, {"os": "windows", "arch": "cpu"}).cross
 
 
-def test_windows_hip_package_contents(tmp_path: Path) -> None:
-    """The windows-hip zip as the package task writes it (artifacts stood in for: they
-    are built only on Windows): coli.exe, coli_hip.dll, the runtime README rendered for
-    amdhip64_7.dll, build-info.json and SHA256SUMS; no runtime DLL unless configured."""
+def _windows_hip_package(tmp_path: Path, backend_body: str = "", libs: tuple[str, ...] = ()) -> tuple[Any, Any, Path]:
+    """The windows-hip package task's inputs, artifacts stood in for by real PE files
+    (the package checks its members' imports): the graph, the spec and the package's path."""
     import json
-    import zipfile
 
     from toolchain.tasks import _Graph
 
@@ -125,9 +126,15 @@ def test_windows_hip_package_contents(tmp_path: Path) -> None:
     (tmp_path / "kernels/abi.toml").write_text((Path(__file__).resolve().parents[2] / "kernels/abi.toml").read_text())
     graph = _Graph(plan)
     plan.host_exe.parent.mkdir(parents=True)
-    plan.host_exe.write_bytes(b"MZ host")
     plan.backend_lib(spec).parent.mkdir(parents=True)
-    plan.backend_lib(spec).write_bytes(b"MZ backend")
+    src = tmp_path / "stand_in.c"
+    src.write_text("__declspec(dllexport) int coli_abi_version(void) { return 0; }\nint main(void) { return 0; }\n")
+    compile_ok(["x86_64-w64-mingw32-gcc", str(src), "-o", str(plan.host_exe)])
+    if backend_body:
+        built = _dll(tmp_path, "backend", backend_body, libs=list(libs))
+        plan.backend_lib(spec).write_bytes(built.read_bytes())
+    else:
+        compile_ok(["x86_64-w64-mingw32-gcc", "-shared", str(src), "-o", str(plan.backend_lib(spec))])
     report = {"ok": True, "checks": []}
     for path in (
         graph.verify_json("host"),
@@ -137,7 +144,17 @@ def test_windows_hip_package_contents(tmp_path: Path) -> None:
     ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report))
-    dest = graph.package_path(spec)
+    return graph, spec, graph.package_path(spec)
+
+
+def test_windows_hip_package_contents(tmp_path: Path) -> None:
+    """The windows-hip zip as the package task writes it (artifacts stood in for: they
+    are built only on Windows): coli.exe, coli_hip.dll, the runtime README rendered for
+    amdhip64_7.dll, build-info.json and SHA256SUMS; no runtime DLL unless configured."""
+    import json
+    import zipfile
+
+    graph, spec, dest = _windows_hip_package(tmp_path)
     graph._package(spec, dest)
     assert dest.name == "coli-0.1.0-windows-x86_64-hip-gfx1151.zip"
     with zipfile.ZipFile(dest) as zf:
@@ -149,6 +166,23 @@ def test_windows_hip_package_contents(tmp_path: Path) -> None:
     assert names == ["README-hip-runtime.txt", "SHA256SUMS", "build-info.json", "coli.exe", "coli_hip.dll"]
     assert "amdhip64_7.dll" in readme and r"set COLI_HIP_RUNTIME_DIR=C:\Program Files\AMD\ROCm" in readme
     assert "HIP SDK 7.14.60850-9b8f2a51 built it" in readme and "resident_tensors" in readme
+
+
+def test_a_package_whose_backend_imports_a_dll_it_lacks_is_not_written(tmp_path: Path) -> None:
+    """The dependency closure in the package task: a backend importing amd_comgr_3.dll,
+    which the package does not carry and no system provides, stops the task in one line
+    naming both, and no package is left behind."""
+    need_tool("clang-19", "lld-link-19")
+    _dll(tmp_path, "amd_comgr_3", "__declspec(dllexport) int comgr(void) { return 1; }\n")
+    body = (
+        "__declspec(dllimport) int comgr(void);\n__declspec(dllexport) int coli_abi_version(void) { return comgr(); }\n"
+    )
+    graph, spec, dest = _windows_hip_package(tmp_path, body, ("amd_comgr_3",))
+    with pytest.raises(VerifyError) as err:
+        graph._package(spec, dest)
+    line = err.value.one_line()
+    assert "coli_hip.dll imports amd_comgr_3.dll, which is neither in the package nor a system" in line, line
+    assert "\n" not in line and not dest.exists() and not list(dest.parent.glob("*.zip*"))
 
 
 def test_the_leak_check_covers_the_windows_sdk_and_msvc(tmp_path: Path) -> None:
