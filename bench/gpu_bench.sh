@@ -6,8 +6,6 @@
 # the tables (bench/gpu_summary.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench/out}
-mkdir -p "$out"
 source bench/gpu_build.sh || exit 1 # the backend for call_latency, and build/gen for the bench
 # the bench itself, through the project's command builder (nvcc, includes, -gencode)
 python3 -m toolchain.program bench/gpu_matmul_bench.cu /tmp/gpu_matmul_bench "arch=$arch" -- -O3 -Xptxas -v -Itools \

@@ -4,8 +4,12 @@
 # (the project's own compile lines, verify, and validate: the selftest's gpu shapes
 # and the engine through CUDA against the CPU path at every format). The Python
 # packages the task graph needs travel as wheels in .whl (README.md, "The GPU run"); sets
-# HOST and LIB, and writes the device's name, the toolkit and the commit to
+# out (the results folder: $OUT, else bench/out), work (a scratch folder), HOST
+# and LIB, and writes the device's name, the toolkit and the commit to
 # $out/device.txt and the build's output to $out/build.txt.
+out=${OUT:-bench/out}
+work=$(mktemp -d)
+mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1

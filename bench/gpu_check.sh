@@ -7,9 +7,6 @@
 # whole step is bench/gpu_step.sh's). Results go to ${OUT:-bench/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench/out}
-work=$(mktemp -d)
-mkdir -p "$out"
 source bench/gpu_build.sh || exit 1
 grep -E "^validate|^  (ok|FAIL)" "$out/build.txt"
 "$HOST" --backend "$LIB" --selftest --shapes gpu | tee "$out/selftest.txt"

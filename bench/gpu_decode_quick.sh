@@ -5,9 +5,6 @@
 # per-op profile of the int8 one. Lines in ${OUT:-bench/out}/quick.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench/out}
-work=$(mktemp -d)
-mkdir -p "$out"
 source bench/gpu_build.sh || exit 1
 grep -E "^validate" "$out/build.txt"
 python3 bench/make_synthetic.py "$work/large" > /dev/null

@@ -9,9 +9,6 @@
 # other), with the backend's share of the linears.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench/out}
-work=$(mktemp -d)
-mkdir -p "$out"
 source bench/gpu_build.sh || exit 1
 python3 bench/make_synthetic.py "$work/large" > /dev/null
 prompt() { python3 -c "import random;random.seed($2);print(','.join(str(random.randrange(2,32000)) for _ in range($1)))"; }

@@ -10,9 +10,6 @@
 # beside the device's copy bandwidth measured in the same run. Results go to ${OUT:-bench/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench/out}
-work=$(mktemp -d)
-mkdir -p "$out"
 source bench/gpu_build.sh || exit 1
 grep -E "^validate|^  (ok|FAIL)" "$out/build.txt"
 rc=0
