@@ -1,6 +1,7 @@
 /* The glm_moe_dsa model as transformers defines it (GlmMoeDsaForCausalLM):
- * MLA attention with the DSA indexer, dense and MoE MLPs, a KV cache. Dense
- * matmuls may live in a backend; routed experts stay on the CPU in the model's
+ * MLA attention with the DSA indexer, dense and MoE MLPs, a KV cache. With a
+ * backend the whole forward is one step there (model_step.c), or with --offload
+ * matmuls only the dense matmuls; on the CPU the routed experts are in the model's
  * format, the router and the indexer's head weights in float32. */
 #ifndef COLI_MODEL_H
 #define COLI_MODEL_H

@@ -60,27 +60,16 @@ static int fail(model *m, const char *what, char *err, size_t errlen) {
     return 1;
 }
 
-static int keep_buffer(model_step *s, coli_buffer b) {
-    if (s->n_buffers == s->cap_buffers) {
-        int32_t cap = s->cap_buffers ? 2 * s->cap_buffers : 64;
-        coli_buffer *nb = realloc(s->buffers, (size_t)cap * sizeof *nb);
-        if (!nb) return 1;
-        s->buffers = nb;
-        s->cap_buffers = cap;
+/* Appends handle h to a growing list (buffers and tensors are both 64-bit handles). */
+static int keep(uint64_t **list, int32_t *n, int32_t *cap, uint64_t h) {
+    if (*n == *cap) {
+        const int32_t grown = *cap ? 2 * *cap : 64;
+        uint64_t *l = realloc(*list, (size_t)grown * sizeof *l);
+        if (!l) return 1;
+        *list = l;
+        *cap = grown;
     }
-    s->buffers[s->n_buffers++] = b;
-    return 0;
-}
-
-static int keep_tensor(model_step *s, coli_tensor t) {
-    if (s->n_tensors == s->cap_tensors) {
-        int32_t cap = s->cap_tensors ? 2 * s->cap_tensors : 64;
-        coli_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
-        if (!nt) return 1;
-        s->tensors = nt;
-        s->cap_tensors = cap;
-    }
-    s->tensors[s->n_tensors++] = t;
+    (*list)[(*n)++] = h;
     return 0;
 }
 
@@ -89,7 +78,7 @@ static int buffer_of(model *m, const void *data, uint64_t bytes, coli_ref *out, 
     model_step *s = m->step;
     coli_buffer b = 0;
     if (s->api->buffer_alloc(bytes, &b)) return fail(m, "buffer_alloc", err, errlen);
-    if (keep_buffer(s, b)) {
+    if (keep(&s->buffers, &s->n_buffers, &s->cap_buffers, b)) {
         s->api->buffer_free(b);
         snprintf(err, errlen, "out of memory");
         return 1;
@@ -119,7 +108,7 @@ static int upload(model *m, const linear *l, const float *f32, int64_t rows, int
     else if (l->format == COLI_FMT_Q8) st = s->api->tensor_upload_q8(l->q8, l->scale, l->rows, l->cols, out);
     else st = s->api->tensor_upload_q4(l->q4, l->scale, l->rows, l->cols, l->group, out);
     if (st) return fail(m, "tensor upload", err, errlen);
-    if (keep_tensor(s, *out)) {
+    if (keep(&s->tensors, &s->n_tensors, &s->cap_tensors, *out)) {
         snprintf(err, errlen, "out of memory");
         return 1;
     }

@@ -52,14 +52,18 @@ static void get(ctx *x, coli_ref r, void *out, size_t bytes) {
     if (!x->c->status) failed(x, x->b->api.buffer_read(r.buffer, r.offset, out, bytes));
 }
 
-/* The op alone as a step, run at `pos` (twice: the GPU's second run is its graph). */
-static void run_op(ctx *x, coli_op op, int64_t pos, int times) {
+/* ops[0..n) as one step, run `times` times at `pos` (twice: the GPU's second run is its graph). */
+static void run_ops(ctx *x, const coli_op *ops, int n, int64_t pos, int times) {
     coli_step s = 0;
     if (x->c->status || failed(x, x->b->api.step_begin(&s))) return;
-    if (!failed(x, x->b->api.step_add(s, &op)) && !failed(x, x->b->api.step_end(s)))
+    for (int k = 0; k < n && !x->c->status; k++) failed(x, x->b->api.step_add(s, &ops[k]));
+    if (!x->c->status && !failed(x, x->b->api.step_end(s)))
         for (int t = 0; t < times && !x->c->status; t++) failed(x, x->b->api.step_run(s, pos));
     x->b->api.step_free(s);
 }
+
+/* The op alone as a step. */
+static void run_op(ctx *x, coli_op op, int64_t pos, int times) { run_ops(x, &op, 1, pos, times); }
 
 static void finish(ctx *x) {
     for (int i = 0; i < x->nbuf; i++) x->b->api.buffer_free(x->bufs[i]);
@@ -137,14 +141,8 @@ static void check_norms(coli_backend *b, op_check *checks, int *pn) {
         for (int r = 0; r < 3; r++) coli_rmsnorm(ref + r * 96, w, 96, 1e-5f, ref + 3 * 96 + r * 96);
         coli_ref xr = put(&X, xv, 3 * 96 * 4), yr = put(&X, y, 3 * 96 * 4), wr = put(&X, w, 96 * 4);
         coli_ref o = put(&X, NULL, 3 * 96 * 4);
-        coli_step s = 0;
-        if (!failed(&X, b->api.step_begin(&s))) {
-            const coli_op ops[] = {coli_op_add(xr, yr, 3 * 96), coli_op_rmsnorm(xr, wr, o, 3, 96, 96, 96, 1e-5f)};
-            for (int k = 0; k < 2; k++) failed(&X, b->api.step_add(s, &ops[k]));
-            if (!failed(&X, b->api.step_end(s)))
-                for (int t = 0; t < 2 && !c->status; t++) failed(&X, b->api.step_run(s, 0)); /* the graph too */
-            b->api.step_free(s);
-        }
+        const coli_op ops[] = {coli_op_add(xr, yr, 3 * 96), coli_op_rmsnorm(xr, wr, o, 3, 96, 96, 96, 1e-5f)};
+        run_ops(&X, ops, 2, 0, 2);
         get(&X, xr, got, 3 * 96 * 4);
         get(&X, o, got + 3 * 96, 3 * 96 * 4);
         /* two runs added y twice: the second sum is what the norm saw */
@@ -219,13 +217,8 @@ static void check_rows(coli_backend *b, op_check *checks, int *pn) {
         fill(xv, 1000, 4.0f), fill(y, 1000, 4.0f);
         for (int i = 0; i < 1000; i++) ref[i] = coli_silu(xv[i] + y[i]) * y[i];
         coli_ref xr = put(&X, xv, 4000), yr = put(&X, y, 4000);
-        coli_step s = 0;
-        if (!failed(&X, b->api.step_begin(&s))) {
-            const coli_op ops[] = {coli_op_add(xr, yr, 1000), coli_op_silu_mul(xr, yr, 1000)};
-            for (int k = 0; k < 2; k++) failed(&X, b->api.step_add(s, &ops[k]));
-            if (!failed(&X, b->api.step_end(s))) failed(&X, b->api.step_run(s, 0));
-            b->api.step_free(s);
-        }
+        const coli_op ops[] = {coli_op_add(xr, yr, 1000), coli_op_silu_mul(xr, yr, 1000)};
+        run_ops(&X, ops, 2, 0, 1);
         get(&X, xr, got, 4000);
         c->err = rel_err(got, ref, 1000);
         END();

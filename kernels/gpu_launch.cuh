@@ -53,13 +53,17 @@ static int cc_major(void) {
  * one another. COLI_GPU_CHAIN=0 launches each call's first kernel after the last
  * call has ended (for comparisons). */
 static int g_chain = -1;
-static bool chain_calls(void) {
-    if (g_chain < 0) {
-        const char *v = getenv("COLI_GPU_CHAIN");
-        g_chain = !(v && strcmp(v, "0") == 0);
+
+/* A switch that is on unless the variable `name` is "0", read once into *cache. */
+static bool env_switch(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *v = getenv(name);
+        *cache = !(v && strcmp(v, "0") == 0);
     }
-    return g_chain != 0;
+    return *cache != 0;
 }
+
+static bool chain_calls(void) { return env_switch("COLI_GPU_CHAIN", &g_chain); }
 
 #if COLI_HAS_PDL
 /* A kernel whose blocks take most of an SM's shared memory: past the default 48 KiB

@@ -708,11 +708,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
 /* COLI_GPU_FUSE=0 launches every op on its own (for comparisons). */
 static bool fuse_ops(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("COLI_GPU_FUSE");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on != 0;
+    return env_switch("COLI_GPU_FUSE", &on);
 }
 
 /* An add whose sum the next op rmsnorms, row by row: one kernel for both. */
@@ -739,11 +735,7 @@ static void launch_ops(const coli_rec *r, const gpu_rec *g, cudaStream_t st) {
 /* COLI_GPU_GRAPHS=0 launches every run's ops one by one (for comparisons). */
 static bool use_graphs(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("COLI_GPU_GRAPHS");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on != 0;
+    return env_switch("COLI_GPU_GRAPHS", &on);
 }
 
 /* COLI_GPU_PROFILE=1: every run launches its ops one by one, each between two
