@@ -5,9 +5,10 @@
 # the CPU path at f32/int8/int4, teacher forcing and a 20-token greedy decode); the
 # selftest under compute-sanitizer (memcheck, racecheck); the greedy decode through
 # CUDA against the oracle; then the large synthetic model: decode after a 12-token
-# prompt (the step, the step without graphs, overlapped launches or fused ops, the
-# matmuls-only tier), a 256-token prefill, and decode after a 4,000-token prompt,
-# beside the device's copy bandwidth measured in the same run. Results go to ${OUT:-bench/out}.
+# prompt (the step, the step without graphs, overlapped launches, fused ops or side
+# streams, the matmuls-only tier), a 256-token prefill, and decode after a 4,000-token
+# prompt, beside the device's copy bandwidth measured in the same run; and where the
+# GPU time of a decode and of a prefill goes. Results go to ${OUT:-bench/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
@@ -69,6 +70,7 @@ done
 COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
 COLI_GPU_CHAIN=0 run step-no-chain int8 12 128 --backend "$LIB"
 COLI_GPU_FUSE=0 run step-no-fuse int8 12 128 --backend "$LIB"
+COLI_GPU_STREAMS=1 run step-one-stream int8 12 128 --backend "$LIB"
 run matmuls int4 12 128 --backend "$LIB" --offload matmuls
 for q in int8 int4; do run prefill-256 "$q" 256 2 --backend "$LIB"; done
 run long-4000 int4 4000 128 --backend "$LIB"
@@ -77,4 +79,8 @@ run long-4000 int8 4000 128 --backend "$LIB"
 COLI_GPU_PROFILE=1 "$HOST" --model "$work/large" --ids "$(prompt 12 1)" --generate 64 --quant int8 --backend "$LIB" \
   2> "$out/profile.txt" > /dev/null
 cat "$out/profile.txt"
+# and the 256-token prefill's (one step of 256, then one decoded token)
+COLI_GPU_PROFILE=1 "$HOST" --model "$work/large" --ids "$(prompt 256 1)" --generate 1 --quant int8 --backend "$LIB" \
+  2> "$out/profile-prefill.txt" > /dev/null
+cat "$out/profile-prefill.txt"
 exit "$rc"

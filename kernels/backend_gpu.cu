@@ -18,7 +18,7 @@ static size_t g_hx_cap = 0, g_hy_cap = 0;
 
 
 #include "backend_steps.h"
-#include "gpu_steps.cuh"
+#include "gpu_step_run.cuh"
 
 COLI_API uint32_t coli_abi_version(void) { return COLI_ABI_VERSION; }
 COLI_API const char *coli_backend_name(void) { return COLI_GPU_API; }
@@ -55,6 +55,7 @@ static void release(coli_weight *w) {
 COLI_API coli_status coli_backend_shutdown(void) {
     coli_steps_reset();
     profile_print();
+    gpu_queues_release();
     if (g_step_stream) (void)cudaStreamDestroy(g_step_stream);
     g_step_stream = NULL;
     for (uint32_t i = 0; i < g_tensors.count; i++)

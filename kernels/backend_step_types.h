@@ -19,6 +19,7 @@ typedef struct coli_rec_op {
     coli_weight **w;     /* the tensors, resolved */
     coli_buf *buf[8];    /* NULL for an absent optional operand */
     void *p[8];          /* where each operand starts */
+    uint64_t reach[8];   /* the bytes from p[k] the op may touch, at its largest position */
     int64_t max_pos;     /* the largest position every extent fits at */
 } coli_rec_op;
 

@@ -185,6 +185,8 @@ static coli_status coli_rec_op_make(const coli_op *op, coli_rec_op *r) {
         r->buf[k] = buf;
         r->p[k] = (char *)buf->base + ref.offset;
     }
+    for (int k = 0; k < info->refs; k++) /* max_pos is finite where b[k] is not 0: the loop above bounds it */
+        if (r->buf[k]) r->reach[k] = (uint64_t)(a[k] + b[k] * r->max_pos) * (uint64_t)info->elem[k];
     for (int k = 0; k < 8; k++)
         if (r->buf[k]) r->buf[k]->holds++;
     for (int32_t t = 0; t < nt; t++) r->w[t]->holds++;

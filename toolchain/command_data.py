@@ -75,6 +75,8 @@ BACKEND_HEADERS = (
     "kernels/gpu_decode_tiled.cuh",
     "kernels/gpu_dispatch.cuh",
     "kernels/gpu_steps.cuh",
+    "kernels/gpu_step_run.cuh",
+    "kernels/step_plan.h",
 )
 GEN_HEADERS = ("coli_backend.h", "coli_backend_table.h", "coli_ops.h")
 
