@@ -256,7 +256,7 @@ int main(int argc, char **argv) {
     t_load = coli_now() - t_load;
     const char *tier = m.step ? "step" : have_backend ? "matmuls" : "cpu";
     int rc = EXIT_OK;
-    float *logits = malloc((size_t)(n * m.c.vocab) * sizeof(float));
+    float *logits = malloc((size_t)((teacher ? n : 1) * m.c.vocab) * sizeof(float)); /* a decode needs the last */
     int32_t *pred = malloc((size_t)(n + (generate > 0 ? generate : 0) + 1) * sizeof *pred);
     float *margin = malloc((size_t)(n + 1) * sizeof *margin);
     double t_first = 0.0, t_rest = 0.0, prefill_phases[PHASE_COUNT] = {0};
@@ -273,7 +273,8 @@ int main(int argc, char **argv) {
             goto out;
         }
     t_first = coli_now();
-    if (model_forward(&m, ids, n, logits, err, sizeof err)) {
+    if (teacher ? model_forward(&m, ids, n, logits, err, sizeof err)
+                : model_forward_last(&m, ids, n, logits, err, sizeof err)) {
         fprintf(stderr, "coli: %s\n", err);
         rc = EXIT_RUNTIME;
         goto out;
@@ -283,7 +284,7 @@ int main(int argc, char **argv) {
         for (int64_t s = 0; s < n; s++) argmax2(logits + s * m.c.vocab, m.c.vocab, &pred[s], &margin[s]);
     } else if (generate > 0) {
         float last;
-        argmax2(logits + (n - 1) * m.c.vocab, m.c.vocab, &pred[0], &last);
+        argmax2(logits, m.c.vocab, &pred[0], &last);
         m.backend_calls = m.backend_matmuls = 0, m.backend_seconds = 0.0; /* from here on: the decode's */
         memcpy(prefill_phases, m.phase_seconds, sizeof prefill_phases);
         memset(m.phase_seconds, 0, sizeof m.phase_seconds);

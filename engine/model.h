@@ -97,6 +97,9 @@ void model_free(model *m);
 /* Runs tokens ids[0..n) at positions n_pos.. and appends them to the cache.
  * logits: [n, vocab]. Returns non-zero with `err` on failure. */
 int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen);
+/* The same, giving only the last position's logits ([vocab]): what a decode after a
+ * prompt needs; the step then copies one row back instead of n. */
+int model_forward_last(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen);
 
 /* Runs one token `id` at the next position and gives the argmax of its logits (the
  * first maximum). Through the step only the id goes in and the argmax comes out. */
@@ -108,7 +111,7 @@ int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
  * resident, or the device has too little free memory: the note gives the bytes). */
 int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t errlen);
 void model_step_free(model *m);
-int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen);
+int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, int last, char *err, size_t errlen);
 int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
 int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one */
 

@@ -266,7 +266,8 @@ fail:
     return rc;
 }
 
-int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen) {
+/* model_forward and model_forward_last: `last` keeps only the last position's logits. */
+static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int last, char *err, size_t errlen) {
     const model_config *c = &m->c;
     const int64_t H = c->hidden, qk = c->qk_nope + c->qk_rope, NH = c->heads, V = c->v_head;
     const int64_t t0 = m->n_pos, total = t0 + n, ID = c->index_head_dim, IH = c->index_heads;
@@ -283,7 +284,7 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
                      (long long)(t0 + s), (long long)(c->vocab - 1));
             return 1;
         }
-    if (m->step) return model_step_forward(m, ids, n, logits, err, errlen);
+    if (m->step) return model_step_forward(m, ids, n, logits, last, err, errlen);
     float *x = malloc((size_t)(n * H) * sizeof(float)), *h = malloc((size_t)(n * H) * sizeof(float));
     float *qa = malloc((size_t)(n * c->q_lora) * sizeof(float)), *qr = malloc((size_t)(n * c->q_lora) * sizeof(float));
     float *q = malloc((size_t)(n * NH * qk) * sizeof(float));
@@ -368,8 +369,8 @@ int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *
         else TRY(mlp(m, &ly->gate, &ly->up, &ly->down, h, n, g, u, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
     }
-    for (int64_t s = 0; s < n; s++) coli_rmsnorm(x + s * H, m->final_norm, H, (float)c->rms_eps, h + s * H);
-    TRY(linear_fwd(m, &m->lm_head, h, n, logits, err, errlen));
+    for (int64_t s = last ? n - 1 : 0; s < n; s++) coli_rmsnorm(x + s * H, m->final_norm, H, (float)c->rms_eps, h + s * H);
+    TRY(linear_fwd(m, &m->lm_head, last ? h + (n - 1) * H : h, last ? 1 : n, logits, err, errlen));
     m->n_pos = total;
     rc = 0;
 done:
@@ -377,6 +378,14 @@ fail:
     free(x); free(h); free(qa); free(qr); free(q); free(ckv); free(kvn); free(kv); free(att); free(o);
     free(iq); free(ik); free(iw); free(g); free(u); free(sh); free(sel);
     return rc;
+}
+
+int model_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen) {
+    return forward(m, ids, n, logits, 0, err, errlen);
+}
+
+int model_forward_last(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen) {
+    return forward(m, ids, n, logits, 1, err, errlen);
 }
 
 int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen) {

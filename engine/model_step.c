@@ -438,7 +438,9 @@ static int run(model *m, coli_step step, const int32_t *ids, int64_t n, char *er
     return 0;
 }
 
-int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, char *err, size_t errlen) {
+/* last: only the last position's logits, into logits[0..vocab): the chunks before the
+ * last give none back. */
+int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, int last, char *err, size_t errlen) {
     model_step *s = m->step;
     const int64_t V = m->c.vocab;
     for (int64_t done = 0; done < n;) {
@@ -447,9 +449,11 @@ int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, c
         int64_t ops;
         if (!step && record(m, k, &step, &ops, err, errlen)) return 1;
         int rc = run(m, step, ids + done, k, err, errlen);
-        if (!rc && s->api->buffer_read(s->arena, s->a.logits, logits + done * V, (uint64_t)(k * V) * sizeof(float)))
+        const uint64_t from = last ? s->a.logits + (uint64_t)((k - 1) * V) * sizeof(float) : s->a.logits;
+        const uint64_t rows = last ? (done + k == n) : (uint64_t)k;
+        if (!rc && rows && s->api->buffer_read(s->arena, from, last ? logits : logits + done * V, rows * (uint64_t)V * sizeof(float)))
             rc = fail(m, "buffer_read", err, errlen);
-        m->round_trips++;
+        m->round_trips += rows > 0;
         if (step != s->decode && step != s->prefill) s->api->step_free(step);
         if (rc) return 1;
         m->n_pos += k;

@@ -319,20 +319,21 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         END();
     }
     static const char *names[] = {"f32", "int8", "int4"};
-    /* the last: int4 rows of 256 in groups of 32, which the GPU keeps in its mma layout */
-    static const struct { int fmt; int64_t inter, hid; int32_t group; } variants[] = {
-        {0, 24, 40, 8}, {1, 24, 40, 8}, {2, 24, 40, 8}, {2, 64, 256, 32}};
-    for (int vi = 0; vi < 4; vi++) {
+    /* int4 rows of 256 in groups of 32, which the GPU keeps in its mma layout; 3 rows of 2
+     * reach the GPU's experts grouped (experts 1 and 4 with more than one row), 1 row not */
+    static const struct { int fmt; int64_t inter, hid, rows; int32_t group; } variants[] = {
+        {0, 24, 40, 3, 8}, {1, 24, 40, 3, 8}, {2, 24, 40, 3, 8}, {2, 64, 256, 3, 32}, {1, 24, 40, 1, 8}, {2, 64, 256, 1, 32}};
+    for (int vi = 0; vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
         const int fmt = variants[vi].fmt;
         const int32_t G = variants[vi].group;
-        const int64_t E = 6, I = variants[vi].inter, H = variants[vi].hid, rows = 3, K = 2;
-        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), 3 rows of 2", names[fmt], (long long)I, (long long)H,
-              (int)G);
+        const int64_t E = 6, I = variants[vi].inter, H = variants[vi].hid, rows = variants[vi].rows, K = 2;
+        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), %lld row(s) of 2", names[fmt], (long long)I,
+              (long long)H, (int)G, (long long)rows);
         float *xv = F(rows * H), *w = F(rows * K), *ref = F(rows * H), *got = F(rows * H);
         float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * (I * H / G + H));
         int8_t *q8 = take(&A, (size_t)(3 * E * I * H));
         uint8_t *q4 = take(&A, (size_t)(3 * E * I * H / 2));
-        const int32_t idx[6] = {4, 1, 0, 5, 2, 3};
+        const int32_t idx[6] = {4, 1, 0, 1, 1, 4};
         if (!q8 || !q4 || !sc) {
             c->status = -1;
             snprintf(c->message, sizeof c->message, "out of host memory");
@@ -374,7 +375,7 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
                     }
                     for (int64_t d = 0; d < H; d++) ref[r * H + d] += eo[d] * w[r * K + j];
                 }
-        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, idx, sizeof idx);
+        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, idx, (size_t)(rows * K) * 4);
         coli_ref wr = put(&X, w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
         run_op(&X, coli_op_moe(xr, ir, wr, o, rows, K, X.tensors, (int32_t)(3 * E)), 0, 2);
         get(&X, o, got, (size_t)(rows * H) * 4);

@@ -8,6 +8,7 @@
  *   mem_alloc(bytes, &p)  zeroed memory of the backend's kind
  *   mem_free(p)
  *   mem_write(dst, src, bytes), mem_read(dst, src, bytes)   the read waits for the runs before it
+ *   rec_end(rec)               prepare an ended step to run (its scratch, its plan)
  *   rec_run(rec, position)     queue a checked step's ops
  *   rec_release(rec)           free what the backend keeps for a step (waiting for its runs) */
 #ifndef COLI_BACKEND_STEPS_H
@@ -20,6 +21,7 @@ static coli_status mem_alloc(uint64_t bytes, void **out);
 static void mem_free(void *p);
 static coli_status mem_write(void *dst, const void *src, uint64_t bytes);
 static coli_status mem_read(void *dst, const void *src, uint64_t bytes);
+static coli_status rec_end(coli_rec *r);
 static coli_status rec_run(coli_rec *r, int64_t position);
 static void rec_release(coli_rec *r);
 
@@ -299,6 +301,7 @@ COLI_API coli_status coli_step_end(coli_step step) {
     if (st) return st;
     if (r->ended) return coli_fail(COLI_E_INVALID, "step_end: the step has already ended");
     if (!r->count) return coli_fail(COLI_E_INVALID, "step_end: the step has no ops");
+    if ((st = rec_end(r))) return st;
     r->ended = 1;
     return COLI_OK;
 }

@@ -24,7 +24,8 @@ struct gpu_unit {
  * tables of its moe ops, its units and their plan, and its graph once captured. */
 struct gpu_rec {
     int64_t *pos;
-    float *planes, *scores, *moe_gu;
+    float *planes, *scores, *moe_gu, *moe_eo;
+    int32_t *moe_start, *moe_order; /* moe_grouped's */
     size_t plane_floats;  /* a slot's */
     int32_t *plane_slot;  /* per op: its slot of planes, -1 for none */
     dev_weight **tables;  /* per op: the moe op's experts, else NULL */
@@ -84,6 +85,10 @@ static int32_t fused_length(const coli_rec *r, int32_t k) {
     return n.x == sum.x && n.x_stride == n.n && n.rows * n.n == sum.count ? len : 1;
 }
 
+/* A moe op whose pairs are at least its experts (on average one each) groups them
+ * by expert (moe_group_kernel); fewer, as in a decode, go pair by pair. */
+static bool moe_grouped(int64_t rows, int64_t k, int64_t experts) { return rows * k >= experts && experts <= 1024; }
+
 static coli_span span_of(const void *p, uint64_t bytes, int32_t write) {
     const coli_span s = {(uintptr_t)p, (uintptr_t)p + bytes, write};
     return s;
@@ -142,9 +147,9 @@ static coli_status gpu_rec_plan(const coli_rec *r, gpu_rec *g) {
     planned = planned && !coli_plan_queues(units, g->n_units, g->queues, g->plan);
     free(spans);
     free(units);
-    if (!planned) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: out of host memory");
+    if (!planned) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     g->done = (cudaEvent_t *)calloc(g->n_units > 0 ? (size_t)g->n_units : 1, sizeof *g->done);
-    if (!g->done) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: out of host memory");
+    if (!g->done) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     for (int32_t u = 0; u < g->n_units; u++)
         if (g->plan[u].waited) GPU_CHECK(cudaEventCreateWithFlags(&g->done[u], cudaEventDisableTiming));
     GPU_CHECK(cudaEventCreateWithFlags(&g->start, cudaEventDisableTiming));
@@ -158,21 +163,21 @@ static coli_status gpu_rec_plan(const coli_rec *r, gpu_rec *g) {
 /* Scratch and tables for every op of r, sized from the ops themselves, then the plan. */
 static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     gpu_rec *g = (gpu_rec *)calloc(1, sizeof *g);
-    if (!g) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: out of host memory");
+    if (!g) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     *out = g;
     r->impl = g;
     g->tables = (dev_weight **)calloc((size_t)r->count, sizeof *g->tables);
     g->plane_slot = (int32_t *)malloc((size_t)r->count * sizeof *g->plane_slot);
-    if (!g->tables || !g->plane_slot) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: out of host memory");
+    if (!g->tables || !g->plane_slot) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     g->n_ops = r->count;
-    size_t planes = 0, scores = 0, gu = 0;
+    size_t planes = 0, scores = 0, gu = 0, eo = 0, starts = 0, orders = 0;
     int32_t matmuls = 0;
     for (int32_t k = 0; k < r->count; k++) {
         const coli_rec_op *o = &r->ops[k];
         const int64_t *i = o->op.i;
         g->plane_slot[k] = -1;
         if (o->op.kind == COLI_OP_MOE && i[1] > 16)
-            return coli_fail(COLI_E_SHAPE, "step_run: moe: k = %lld; this backend takes up to 16 experts a row",
+            return coli_fail(COLI_E_SHAPE, "step_end: moe: k = %lld; this backend takes up to 16 experts a row",
                              (long long)i[1]);
         if (o->op.kind == COLI_OP_MATMUL && o->w[0]->format != COLI_FMT_F32) {
             const size_t b = (size_t)(i[0] * o->w[0]->cols);
@@ -185,16 +190,22 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
                              sizeof(float);
             scores = b > scores ? b : scores;
         } else if (o->op.kind == COLI_OP_MOE) {
-            const size_t a = (size_t)(i[0] * i[1]) * (size_t)o->w[0]->rows * sizeof(float);
+            const size_t pairs = (size_t)(i[0] * i[1]), a = pairs * (size_t)o->w[0]->rows * sizeof(float);
             gu = a > gu ? a : gu;
             const int32_t n = o->op.n_tensors;
+            if (moe_grouped(i[0], i[1], n / 3)) {
+                const size_t b = pairs * (size_t)o->w[0]->cols * sizeof(float);
+                eo = b > eo ? b : eo;
+                starts = (size_t)(n / 3 + 1) > starts ? (size_t)(n / 3 + 1) : starts;
+                orders = pairs > orders ? pairs : orders;
+            }
             dev_weight *host = (dev_weight *)malloc((size_t)n * sizeof *host);
-            if (!host) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: out of host memory");
+            if (!host) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
             for (int32_t t = 0; t < n; t++) {
                 const coli_weight *w = o->w[t];
                 if (w->format != o->w[0]->format) {
                     free(host);
-                    return coli_fail(COLI_E_INVALID, "step_run: moe: expert tensors in more than one format");
+                    return coli_fail(COLI_E_INVALID, "step_end: moe: expert tensors in more than one format");
                 }
                 host[t] = dev_weight{w->q, w->scale, w->rows, w->cols, w->group, w->layout};
             }
@@ -203,7 +214,7 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
             free(host);
             if (e != cudaSuccess) {
                 (void)cudaGetLastError();
-                return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: moe table: %s", cudaGetErrorString(e));
+                return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: moe table: %s", cudaGetErrorString(e));
             }
         }
     }
@@ -213,10 +224,14 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     if (e == cudaSuccess) e = step_malloc((void **)&g->planes, planes * (size_t)slots * sizeof(float));
     if (e == cudaSuccess) e = step_malloc((void **)&g->scores, scores);
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_gu, gu);
+    if (e == cudaSuccess) e = step_malloc((void **)&g->moe_eo, eo);
+    if (e == cudaSuccess) e = step_malloc((void **)&g->moe_start, starts * sizeof(int32_t));
+    if (e == cudaSuccess) e = step_malloc((void **)&g->moe_order, orders * sizeof(int32_t));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return coli_fail(COLI_E_OUT_OF_MEMORY, "step_run: cannot allocate the step's scratch (%zu bytes): %s",
-                         planes * (size_t)slots * sizeof(float) + scores + gu, cudaGetErrorString(e));
+        return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: cannot allocate the step's scratch (%zu bytes): %s",
+                         planes * (size_t)slots * sizeof(float) + scores + gu + eo + (starts + orders) * 4,
+                         cudaGetErrorString(e));
     }
     return gpu_rec_plan(r, g);
 }
@@ -239,7 +254,7 @@ static void rec_release(coli_rec *r) {
     free(g->units);
     free(g->plan);
     free(g->done);
-    void *scratch[] = {g->pos, g->planes, g->scores, g->moe_gu};
+    void *scratch[] = {g->pos, g->planes, g->scores, g->moe_gu, g->moe_eo, g->moe_start, g->moe_order};
     for (void *p : scratch)
         if (p) (void)cudaFree(p);
     free(g);
@@ -251,10 +266,22 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     const coli_moe_operands a = coli_unpack_moe(&o->op, o->p);
     const int64_t inter = o->w[0]->rows, hid = o->w[0]->cols, experts = a.n_tensors / 3, pairs = a.rows * a.k;
     const int per = STEP_THREADS / WARP;
-    launch_early(chain_calls(), moe_up_kernel<FORMAT>, dim3((unsigned)((inter + per - 1) / per), (unsigned)pairs),
-        dim3(STEP_THREADS), 0, st, table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts);
-    launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3((unsigned)((hid + per - 1) / per), (unsigned)a.rows),
-        dim3(STEP_THREADS), 0, st, table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
+    const unsigned up_blocks = (unsigned)((inter + per - 1) / per), down_blocks = (unsigned)((hid + per - 1) / per);
+    if (moe_grouped(a.rows, a.k, experts)) {
+        launch_early(chain_calls(), moe_group_kernel, dim3(1), dim3(1024), 0, st, a.idx, g->moe_start, g->moe_order,
+            (int)pairs, (int)experts);
+        launch_early(chain_calls(), moe_up_grouped_kernel<FORMAT>, dim3(up_blocks, (unsigned)experts),
+            dim3(STEP_THREADS), 0, st, table, a.x, g->moe_start, g->moe_order, g->moe_gu, a.k, inter, hid);
+        launch_early(chain_calls(), moe_down_grouped_kernel<FORMAT>, dim3(down_blocks, (unsigned)experts),
+            dim3(STEP_THREADS), 0, st, table, g->moe_gu, g->moe_start, g->moe_order, g->moe_eo, inter, hid);
+        launch_early(chain_calls(), moe_combine_kernel, dim3(blocks_for(hid), (unsigned)a.rows), dim3(STEP_THREADS), 0,
+            st, g->moe_eo, a.idx, a.w, a.out, a.k, hid, experts);
+        return;
+    }
+    launch_early(chain_calls(), moe_up_kernel<FORMAT>, dim3(up_blocks, (unsigned)pairs), dim3(STEP_THREADS), 0, st,
+        table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts);
+    launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
+        table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
 }
 
 /* Queues one op; the launch's error, if any, is read once after the step. */
@@ -447,13 +474,18 @@ static void profile_print(void) {
     }
 }
 
+/* A step is made ready when it ends, so its first run only launches: scratch and
+ * expert tables allocated, units planned, events and streams created. */
+static coli_status rec_end(coli_rec *r) {
+    gpu_rec *g = NULL;
+    const coli_status st = gpu_rec_make(r, &g);
+    if (st) rec_release(r);
+    return st;
+}
+
 static coli_status rec_run(coli_rec *r, int64_t position) {
     gpu_rec *g = (gpu_rec *)r->impl;
     coli_status st;
-    if (!g && (st = gpu_rec_make(r, &g))) {
-        rec_release(r); /* a half-made step is made again next time */
-        return st;
-    }
     cudaStream_t s = g_step_stream;
     set_position_kernel<<<1, 1, 0, s>>>(g->pos, position);
     if (profiling()) return profile_run(r, g, s);

@@ -351,6 +351,84 @@ __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int
     if (lane == 0) out[r * hid + d] = acc;
 }
 
+/* Many rows (a prefill): the pairs grouped by expert, so that a block reads its
+ * expert's rows once for all the pairs routed to it (from L1 after the first)
+ * instead of once a pair. Each pair's output is its own and the combine adds a
+ * row's in expert order, so the order within a group does not matter.
+ * order[start[e] .. start[e + 1]) are the pairs (row * k + j) with idx = e; one block. */
+__global__ void moe_group_kernel(const int32_t *idx, int32_t *start, int32_t *order, int pairs, int experts) {
+    STEP_KERNEL_BEGIN();
+    __shared__ int32_t next[1025];
+    for (int e = threadIdx.x; e <= experts; e += blockDim.x) next[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x)
+        if (idx[p] >= 0 && idx[p] < experts) atomicAdd(&next[idx[p] + 1], 1);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0; e < experts; e++) next[e + 1] += next[e];
+    __syncthreads();
+    for (int e = threadIdx.x; e <= experts; e += blockDim.x) start[e] = next[e];
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x)
+        if (idx[p] >= 0 && idx[p] < experts) order[atomicAdd(&next[idx[p]], 1)] = p;
+}
+
+/* moe_up_kernel over expert blockIdx.y's pairs: a warp a row of its gate and up. */
+template <int FORMAT>
+__global__ void moe_up_grouped_kernel(const dev_weight *ws, const float *x, const int32_t *start, const int32_t *order,
+                                      float *gu, int64_t k, int64_t inter, int64_t hid) {
+    STEP_KERNEL_BEGIN();
+    const int e = blockIdx.y, lane = threadIdx.x % WARP;
+    const int64_t i = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
+    if (i >= inter) return;
+    for (int s = start[e]; s < start[e + 1]; s++) {
+        const int64_t pair = order[s];
+        const float *xr = x + pair / k * hid;
+        const float g = weight_row_dot<FORMAT>(ws[3 * e], i, xr, lane), u = weight_row_dot<FORMAT>(ws[3 * e + 1], i, xr, lane);
+        if (lane == 0) gu[pair * inter + i] = dev_silu(g) * u;
+    }
+}
+
+/* eo[pair][d] = (down_e gu[pair])[d] over expert blockIdx.y's pairs: a warp a row d. */
+template <int FORMAT>
+__global__ void moe_down_grouped_kernel(const dev_weight *ws, const float *gu, const int32_t *start, const int32_t *order,
+                                        float *eo, int64_t inter, int64_t hid) {
+    STEP_KERNEL_BEGIN();
+    const int e = blockIdx.y, lane = threadIdx.x % WARP;
+    const int64_t d = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
+    if (d >= hid) return;
+    for (int s = start[e]; s < start[e + 1]; s++) {
+        const int64_t pair = order[s];
+        const float v = weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
+        if (lane == 0) eo[pair * hid + d] = v;
+    }
+}
+
+/* out[row] = the experts' outputs times their weights, added in ascending expert
+ * order (moe_down_kernel's sum); a pair routed outside the experts adds 0. */
+__global__ void moe_combine_kernel(const float *eo, const int32_t *idx, const float *w, float *out, int64_t k,
+                                   int64_t hid, int64_t experts) {
+    STEP_KERNEL_BEGIN();
+    const int64_t r = blockIdx.y, d = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (d >= hid) return;
+    const int32_t *ri = idx + r * k;
+    int order[16];
+    for (int j = 0; j < (int)k; j++) order[j] = j;
+    for (int a = 1; a < (int)k; a++) /* insertion sort by expert */
+        for (int b = a; b > 0 && ri[order[b]] < ri[order[b - 1]]; b--) {
+            const int t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+    float acc = 0.0f;
+    for (int j = 0; j < (int)k; j++) {
+        const int64_t pair = r * k + order[j];
+        const float v = ri[order[j]] >= 0 && ri[order[j]] < experts ? eo[pair * hid + d] : 0.0f;
+        acc += v * w[pair];
+    }
+    out[r * hid + d] = acc;
+}
+
 /* ---- the DSA indexer ------------------------------------------------------------ */
 
 /* scores[row][t] for keys t <= p + row: a warp a key. */
