@@ -25,7 +25,7 @@ struct gpu_unit {
 struct gpu_rec {
     int64_t *pos;
     float *planes, *scores, *moe_gu, *moe_eo;
-    int32_t *moe_start, *moe_order; /* moe_grouped's */
+    int32_t *moe_order, *moe_tiles; /* moe_grouped's (moe_group_kernel); moe_tiles[0] is the count */
     size_t plane_floats;  /* a slot's */
     int32_t *plane_slot;  /* per op: its slot of planes, -1 for none */
     dev_weight **tables;  /* per op: the moe op's experts, else NULL */
@@ -86,8 +86,11 @@ static int32_t fused_length(const coli_rec *r, int32_t k) {
 }
 
 /* A moe op whose pairs are at least its experts (on average one each) groups them
- * by expert (moe_group_kernel); fewer, as in a decode, go pair by pair. */
-static bool moe_grouped(int64_t rows, int64_t k, int64_t experts) { return rows * k >= experts && experts <= 1024; }
+ * by expert into tiles (moe_group_kernel; a grid's tiles fit its 65535 rows);
+ * fewer, as in a decode, go pair by pair. */
+static bool moe_grouped(int64_t rows, int64_t k, int64_t experts) {
+    return rows * k >= experts && experts <= 1024 && moe_tiles_max(rows * k, experts) <= 65535;
+}
 
 static coli_span span_of(const void *p, uint64_t bytes, int32_t write) {
     const coli_span s = {(uintptr_t)p, (uintptr_t)p + bytes, write};
@@ -170,7 +173,7 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     g->plane_slot = (int32_t *)malloc((size_t)r->count * sizeof *g->plane_slot);
     if (!g->tables || !g->plane_slot) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     g->n_ops = r->count;
-    size_t planes = 0, scores = 0, gu = 0, eo = 0, starts = 0, orders = 0;
+    size_t planes = 0, scores = 0, gu = 0, eo = 0, tiles = 0, orders = 0;
     int32_t matmuls = 0;
     for (int32_t k = 0; k < r->count; k++) {
         const coli_rec_op *o = &r->ops[k];
@@ -196,7 +199,8 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
             if (moe_grouped(i[0], i[1], n / 3)) {
                 const size_t b = pairs * (size_t)o->w[0]->cols * sizeof(float);
                 eo = b > eo ? b : eo;
-                starts = (size_t)(n / 3 + 1) > starts ? (size_t)(n / 3 + 1) : starts;
+                const size_t t = 1 + 3 * (size_t)moe_tiles_max((int64_t)pairs, n / 3);
+                tiles = t > tiles ? t : tiles;
                 orders = pairs > orders ? pairs : orders;
             }
             dev_weight *host = (dev_weight *)malloc((size_t)n * sizeof *host);
@@ -225,12 +229,12 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     if (e == cudaSuccess) e = step_malloc((void **)&g->scores, scores);
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_gu, gu);
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_eo, eo);
-    if (e == cudaSuccess) e = step_malloc((void **)&g->moe_start, starts * sizeof(int32_t));
+    if (e == cudaSuccess) e = step_malloc((void **)&g->moe_tiles, tiles * sizeof(int32_t));
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_order, orders * sizeof(int32_t));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: cannot allocate the step's scratch (%zu bytes): %s",
-                         planes * (size_t)slots * sizeof(float) + scores + gu + eo + (starts + orders) * 4,
+                         planes * (size_t)slots * sizeof(float) + scores + gu + eo + (tiles + orders) * 4,
                          cudaGetErrorString(e));
     }
     return gpu_rec_plan(r, g);
@@ -254,7 +258,7 @@ static void rec_release(coli_rec *r) {
     free(g->units);
     free(g->plan);
     free(g->done);
-    void *scratch[] = {g->pos, g->planes, g->scores, g->moe_gu, g->moe_eo, g->moe_start, g->moe_order};
+    void *scratch[] = {g->pos, g->planes, g->scores, g->moe_gu, g->moe_eo, g->moe_tiles, g->moe_order};
     for (void *p : scratch)
         if (p) (void)cudaFree(p);
     free(g);
@@ -268,12 +272,14 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     const int per = STEP_THREADS / WARP;
     const unsigned up_blocks = (unsigned)((inter + per - 1) / per), down_blocks = (unsigned)((hid + per - 1) / per);
     if (moe_grouped(a.rows, a.k, experts)) {
-        launch_early(chain_calls(), moe_group_kernel, dim3(1), dim3(1024), 0, st, a.idx, g->moe_start, g->moe_order,
+        const unsigned tiles = (unsigned)moe_tiles_max(pairs, experts);
+        int32_t *count = g->moe_tiles, *list = g->moe_tiles + 1;
+        launch_early(chain_calls(), moe_group_kernel, dim3(1), dim3(1024), 0, st, a.idx, g->moe_order, list, count,
             (int)pairs, (int)experts);
-        launch_early(chain_calls(), moe_up_grouped_kernel<FORMAT>, dim3(up_blocks, (unsigned)experts),
-            dim3(STEP_THREADS), 0, st, table, a.x, g->moe_start, g->moe_order, g->moe_gu, a.k, inter, hid);
-        launch_early(chain_calls(), moe_down_grouped_kernel<FORMAT>, dim3(down_blocks, (unsigned)experts),
-            dim3(STEP_THREADS), 0, st, table, g->moe_gu, g->moe_start, g->moe_order, g->moe_eo, inter, hid);
+        launch_early(chain_calls(), moe_up_grouped_kernel<FORMAT>, dim3(up_blocks, tiles), dim3(STEP_THREADS), 0, st,
+            table, a.x, g->moe_order, list, count, g->moe_gu, a.k, inter, hid);
+        launch_early(chain_calls(), moe_down_grouped_kernel<FORMAT>, dim3(down_blocks, tiles), dim3(STEP_THREADS), 0,
+            st, table, g->moe_gu, g->moe_order, list, count, g->moe_eo, inter, hid);
         launch_early(chain_calls(), moe_combine_kernel, dim3(blocks_for(hid), (unsigned)a.rows), dim3(STEP_THREADS), 0,
             st, g->moe_eo, a.idx, a.w, a.out, a.k, hid, experts);
         return;

@@ -352,11 +352,20 @@ __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int
 }
 
 /* Many rows (a prefill): the pairs grouped by expert, so that a block reads its
- * expert's rows once for all the pairs routed to it (from L1 after the first)
- * instead of once a pair. Each pair's output is its own and the combine adds a
- * row's in expert order, so the order within a group does not matter.
- * order[start[e] .. start[e + 1]) are the pairs (row * k + j) with idx = e; one block. */
-__global__ void moe_group_kernel(const int32_t *idx, int32_t *start, int32_t *order, int pairs, int experts) {
+ * expert's rows once for up to MOE_TILE pairs routed to it (from L1 after the
+ * first) instead of once a pair, and cut into tiles of at most MOE_TILE pairs so
+ * that an expert most rows pick is spread over many blocks. Each pair's output is
+ * its own and the combine adds a row's in expert order, so the order within a
+ * group does not matter. */
+#define MOE_TILE 8
+
+/* The most tiles `pairs` pairs over `experts` experts can make. */
+static inline int64_t moe_tiles_max(int64_t pairs, int64_t experts) { return pairs / MOE_TILE + experts; }
+
+/* order[]: the pairs (row * k + j) sorted into groups by expert; tiles[3t..3t+2]:
+ * tile t's expert and its range of order, for t < *n_tiles. One block. */
+__global__ void moe_group_kernel(const int32_t *idx, int32_t *order, int32_t *tiles, int32_t *n_tiles, int pairs,
+                                 int experts) {
     STEP_KERNEL_BEGIN();
     __shared__ int32_t next[1025];
     for (int e = threadIdx.x; e <= experts; e += blockDim.x) next[e] = 0;
@@ -364,24 +373,32 @@ __global__ void moe_group_kernel(const int32_t *idx, int32_t *start, int32_t *or
     for (int p = threadIdx.x; p < pairs; p += blockDim.x)
         if (idx[p] >= 0 && idx[p] < experts) atomicAdd(&next[idx[p] + 1], 1);
     __syncthreads();
-    if (threadIdx.x == 0)
-        for (int e = 0; e < experts; e++) next[e + 1] += next[e];
-    __syncthreads();
-    for (int e = threadIdx.x; e <= experts; e += blockDim.x) start[e] = next[e];
+    if (threadIdx.x == 0) {
+        int t = 0;
+        for (int e = 0; e < experts; e++) {
+            for (int s = next[e]; s < next[e] + next[e + 1]; s += MOE_TILE, t++) {
+                const int end = next[e] + next[e + 1];
+                tiles[3 * t] = e, tiles[3 * t + 1] = s, tiles[3 * t + 2] = s + MOE_TILE < end ? s + MOE_TILE : end;
+            }
+            next[e + 1] += next[e];
+        }
+        *n_tiles = t;
+    }
     __syncthreads();
     for (int p = threadIdx.x; p < pairs; p += blockDim.x)
         if (idx[p] >= 0 && idx[p] < experts) order[atomicAdd(&next[idx[p]], 1)] = p;
 }
 
-/* moe_up_kernel over expert blockIdx.y's pairs: a warp a row of its gate and up. */
+/* moe_up_kernel over tile blockIdx.y's pairs: a warp a row of its expert's gate and up. */
 template <int FORMAT>
-__global__ void moe_up_grouped_kernel(const dev_weight *ws, const float *x, const int32_t *start, const int32_t *order,
-                                      float *gu, int64_t k, int64_t inter, int64_t hid) {
+__global__ void moe_up_grouped_kernel(const dev_weight *ws, const float *x, const int32_t *order, const int32_t *tiles,
+                                      const int32_t *n_tiles, float *gu, int64_t k, int64_t inter, int64_t hid) {
     STEP_KERNEL_BEGIN();
-    const int e = blockIdx.y, lane = threadIdx.x % WARP;
+    const int t = blockIdx.y, lane = threadIdx.x % WARP;
     const int64_t i = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    if (i >= inter) return;
-    for (int s = start[e]; s < start[e + 1]; s++) {
+    if (t >= *n_tiles || i >= inter) return;
+    const int e = tiles[3 * t];
+    for (int s = tiles[3 * t + 1]; s < tiles[3 * t + 2]; s++) {
         const int64_t pair = order[s];
         const float *xr = x + pair / k * hid;
         const float g = weight_row_dot<FORMAT>(ws[3 * e], i, xr, lane), u = weight_row_dot<FORMAT>(ws[3 * e + 1], i, xr, lane);
@@ -389,15 +406,17 @@ __global__ void moe_up_grouped_kernel(const dev_weight *ws, const float *x, cons
     }
 }
 
-/* eo[pair][d] = (down_e gu[pair])[d] over expert blockIdx.y's pairs: a warp a row d. */
+/* eo[pair][d] = (down_e gu[pair])[d] over tile blockIdx.y's pairs: a warp a row d. */
 template <int FORMAT>
-__global__ void moe_down_grouped_kernel(const dev_weight *ws, const float *gu, const int32_t *start, const int32_t *order,
-                                        float *eo, int64_t inter, int64_t hid) {
+__global__ void moe_down_grouped_kernel(const dev_weight *ws, const float *gu, const int32_t *order,
+                                        const int32_t *tiles, const int32_t *n_tiles, float *eo, int64_t inter,
+                                        int64_t hid) {
     STEP_KERNEL_BEGIN();
-    const int e = blockIdx.y, lane = threadIdx.x % WARP;
+    const int t = blockIdx.y, lane = threadIdx.x % WARP;
     const int64_t d = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    if (d >= hid) return;
-    for (int s = start[e]; s < start[e + 1]; s++) {
+    if (t >= *n_tiles || d >= hid) return;
+    const int e = tiles[3 * t];
+    for (int s = tiles[3 * t + 1]; s < tiles[3 * t + 2]; s++) {
         const int64_t pair = order[s];
         const float v = weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
         if (lane == 0) eo[pair * hid + d] = v;
