@@ -13,7 +13,7 @@ import stat
 import tarfile
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,9 +52,11 @@ def build_info(
     verify: Mapping[str, Mapping[str, Any]],
     validate: Mapping[str, Any],
     hip_runtime: str | None = None,
+    device_code: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """build-info.json: what was built, from which source and toolchains, what verify and
-    validate found, and for a HIP package the runtime its host binds and its backend imports."""
+    validate found, the backend's device code per arch and kind with its sizes, and for a
+    HIP package the runtime its host binds and its backend imports."""
     info = {
         "schema": BUILD_INFO_SCHEMA,
         "name": name,
@@ -68,6 +70,7 @@ def build_info(
         "toolchain": dict(toolchain),
         "verify": {k: {"ok": r["ok"], "checks": r["checks"]} for k, r in verify.items()},
         "validate": dict(validate),
+        "device_code": [dict(c) for c in device_code],
     }
     if hip_runtime is not None:
         info["hip_runtime"] = hip_runtime

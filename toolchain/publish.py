@@ -53,11 +53,12 @@ def _sums(folder: Path, names: Iterable[str]) -> str:
 
 @dataclass(frozen=True)
 class BuiltEntry:
-    """A release entry that was built: its package, its validation report, its toolchains."""
+    """A release entry that was built: its package, its validation report, its toolchains, its device code."""
 
     package: Path
     validation: Mapping[str, Any]
     toolchain: Mapping[str, Mapping[str, str]]
+    device_code: Sequence[Mapping[str, Any]] = ()  # per arch and kind, with sizes (sizes.device_code)
 
 
 def release_rows(
@@ -78,6 +79,7 @@ def release_rows(
                 "package": b.package.name,
                 "validation": b.validation["status"] + (f": {reason}" if reason else ""),
                 "toolchain": {k: dict(v) for k, v in b.toolchain.items()},
+                "device_code": [dict(c) for c in b.device_code],
             }
         else:
             row |= {"status": "not-built", "needs": not_built.get(e.id, "not planned")}

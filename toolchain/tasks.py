@@ -33,6 +33,7 @@ from .project import Loaded, ReleaseRun
 from .publish import MANIFEST, SUMS, BuiltEntry, format_summary, publish_release, release_rows
 from .report import ColiReporter
 from .revision import source_revision
+from .sizes import budget_problem, device_code, size_table
 from .table import aligned
 from .validate import Validation, format_validation, validate_backend, validate_host
 from .verify import Report, format_table, runtime_agreement, verify_artifact
@@ -310,6 +311,7 @@ class _Graph:
                 "revision": self.revision.label,
                 "epoch": self.revision.epoch,
                 "fingerprint": self.fingerprint(spec.api),
+                "budget": self.plan.rc.config.package.budget(spec.api),
             }
             yield _task(
                 name=spec.task,
@@ -329,6 +331,7 @@ class _Graph:
 
         abi = load_abi(self.abi_file)
         runtime = self._hip_runtime(spec) if spec.api == "hip" else None
+        code = device_code(lib)
         info = build_info(
             name=self.package_name(spec),
             version=self.plan.rc.config.version,
@@ -339,6 +342,7 @@ class _Graph:
             verify={"host": report(self.verify_json("host")), spec.lib_name: report(self.verify_json(spec.key))},
             validate={"host": report(self.validate_host_json()), spec.lib_name: report(self.validate_json(spec))},
             hip_runtime=runtime.name if runtime else None,
+            device_code=[c.to_json() for c in code],
         )
         files = package_files(spec, host, lib, info, runtime)
         problems = closure_problems(files, spec.windows)
@@ -346,7 +350,14 @@ class _Graph:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise VerifyError(f"package {self.package_name(spec)}: {problems[0]}{more}")
         write_package(dest, self.package_name(spec), files, {host.name}, self.revision.epoch)
-        print(f"package {dest.name}")
+        sizes = self.plan.rc.config.package
+        size, budget = dest.stat().st_size, sizes.budget(spec.api)
+        setting = f"package.max_bytes_by_api.{spec.api}" if spec.api in sizes.max_bytes_by_api else "package.max_bytes"
+        over = budget_problem(dest.name, code, size, budget, setting)
+        if over:  # not kept: a package over its budget is not one to publish
+            dest.unlink()
+            raise VerifyError(over)
+        _say(size_table(dest.name, code, size, budget))
 
     def bundled(self, spec: BackendSpec) -> bool:
         """Whether the HIP runtime goes into the package: the release target's choice, else hip.bundle_runtime."""
@@ -491,6 +502,7 @@ class _Project:
                 g.package_path(spec),
                 json.loads(g.validate_json(spec).read_text(encoding="utf-8")),
                 {"host": g.fingerprint("host"), spec.api: g.fingerprint(spec.api)},
+                [c.to_json() for c in device_code(g.plan.backend_lib(spec))],
             )
             for g, spec in built
         }

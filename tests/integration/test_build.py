@@ -46,6 +46,11 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
         assert info["api"] == api and info["platform"] == PLATFORM
         assert info["source_revision"] and "host" in info["toolchain"] and api in info["toolchain"]
         assert all(v["ok"] for v in info["verify"].values())
+        # the backend's device code per arch and kind, with its sizes
+        kinds = {"ref": set(), "hip": {("gfx1030", "hsaco"), ("gfx90a", "hsaco")}}
+        kinds["cuda"] = {("sm_80", "sass"), ("sm_90", "sass"), ("sm_90", "ptx")}
+        assert {(c["arch"], c["kind"]) for c in info["device_code"]} == kinds[api]
+        assert all(0 < c["compressed_bytes"] < c["bytes"] for c in info["device_code"])
         assert info["validate"]["host"]["status"] == "passed"
         backend = info["validate"][f"libcoli_{api}.so"]
         expected = "passed" if api == "ref" else "not-run"

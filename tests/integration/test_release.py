@@ -52,6 +52,9 @@ def test_release_publishes_every_entry_with_manifest_and_sums(released: tuple[Pa
             data = (folder / e["package"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == e["sha256"] and len(data) == e["size"]
             assert e["toolchain"]["host"]["version"] and e["validation"].split(":")[0] in ("passed", "not-run")
+            # each GPU package's device code: the arches of its group, a row an arch and kind
+            arches = {c["arch"] for c in e["device_code"]}
+            assert arches == (set() if e["api"] == "ref" else set(e["arches"])), e
     sums: dict[str, str] = {}
     for line in (folder / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ")

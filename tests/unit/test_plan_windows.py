@@ -19,14 +19,21 @@ from toolchain.errors import ToolchainError, VerifyError
 from toolchain.plan import make_plan
 
 
-def windows_plan(tmp_path: Path, variables: dict[str, str], *, msvc_ok: bool = True, tool_output: str = "", sdk=None):  # type: ignore[no-untyped-def]
+def windows_plan(
+    tmp_path: Path,
+    variables: dict[str, str],
+    *,
+    msvc_ok: bool = True,
+    tool_output: str = "",
+    sdk: Any = None,
+    config: dict[str, Any] | None = None,
+) -> Any:
     base = _plan(tmp_path, {"os": "windows", "arch": "cpu"})
     sdk = sdk or find({"HIP_PATH": "C:/TheRock/build"}, ROCK_PROBE)
     toolchains = replace(base.toolchains, win_hip=sdk)
+    build = base.rc.config.build.model_copy(update={"arch": tuple(variables["arch"].split(","))})
     rc = base.rc.__class__(
-        config=base.rc.config.model_copy(
-            update={"build": base.rc.config.build.model_copy(update={"arch": tuple(variables["arch"].split(","))})}
-        ),
+        config=base.rc.config.model_copy(update={"build": build, **(config or {})}),
         origins=base.rc.origins,
         file=base.rc.file,
     )
@@ -113,14 +120,16 @@ def test_cross_builds_from_linux_still_refuse_gpu_backends(tmp_path: Path) -> No
     assert _plan(tmp_path, {"os": "windows", "arch": "cpu"}).cross
 
 
-def _windows_hip_package(tmp_path: Path, backend_body: str = "", libs: tuple[str, ...] = ()) -> tuple[Any, Any, Path]:
+def _windows_hip_package(
+    tmp_path: Path, backend_body: str = "", libs: tuple[str, ...] = (), config: dict[str, Any] | None = None
+) -> tuple[Any, Any, Path]:
     """The windows-hip package task's inputs, artifacts stood in for by real PE files
     (the package checks its members' imports): the graph, the spec and the package's path."""
     import json
 
     from toolchain.tasks import _Graph
 
-    plan = windows_plan(tmp_path, {"arch": "gfx1151"})
+    plan = windows_plan(tmp_path, {"arch": "gfx1151"}, config=config)
     (spec,) = plan.backends
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels/abi.toml").write_text((Path(__file__).resolve().parents[2] / "kernels/abi.toml").read_text())
@@ -183,6 +192,32 @@ def test_a_package_whose_backend_imports_a_dll_it_lacks_is_not_written(tmp_path:
     line = err.value.one_line()
     assert "coli_hip.dll imports amd_comgr_3.dll, which is neither in the package nor a system" in line, line
     assert "\n" not in line and not dest.exists() and not list(dest.parent.glob("*.zip*"))
+
+
+def test_a_package_over_its_size_budget_is_not_kept(tmp_path: Path) -> None:
+    """The size budget in the package task: a hip package over package.max_bytes_by_api.hip
+    stops the task in one line with both figures and the setting, and is not left behind;
+    under it, the package is written and build-info.json lists its device code (none in
+    these stand-ins)."""
+    import json
+    import zipfile
+
+    from toolchain.config.schema import PackageSection
+
+    graph, spec, dest = _windows_hip_package(
+        tmp_path, config={"package": PackageSection(max_bytes_by_api={"hip": 1000})}
+    )
+    with pytest.raises(VerifyError) as err:
+        graph._package(spec, dest)
+    line = err.value.one_line()
+    assert f"package {dest.name} is " in line and "over its budget of 1000 (1000 bytes; config" in line, line
+    assert "package.max_bytes_by_api.hip" in line and "\n" not in line
+    assert not dest.exists() and not list(dest.parent.glob("*.zip*"))
+    graph, spec, dest = _windows_hip_package(tmp_path / "roomy")
+    graph._package(spec, dest)
+    with zipfile.ZipFile(dest) as zf:
+        info = json.loads(zf.read(f"{dest.name.removesuffix('.zip')}/build-info.json"))
+    assert info["device_code"] == []
 
 
 def test_the_leak_check_covers_the_windows_sdk_and_msvc(tmp_path: Path) -> None:

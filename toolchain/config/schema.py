@@ -6,7 +6,7 @@ reference are generated from these models.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,6 +18,7 @@ __all__ = [
     "CudaSection",
     "HipSection",
     "HostSection",
+    "PackageSection",
     "ProfileSection",
     "ReleaseSection",
     "ReleaseTarget",
@@ -173,6 +174,23 @@ class ReleaseSection(_Section):
     )
 
 
+class PackageSection(_Section):
+    max_bytes: int = Field(
+        2**31,
+        gt=0,
+        description="The largest a package's archive may be, in bytes. A larger one fails the package task "
+        "with the sizes of its device code per arch and is not kept. The default is GitHub's 2 GiB limit on "
+        "a release asset; a release splits a target's arches into packages with its groups.",
+    )
+    max_bytes_by_api: dict[Literal["ref", "hip", "cuda"], Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict, description="The budget of one API's packages, in place of max_bytes."
+    )
+
+    def budget(self, api: str) -> int:
+        """The most bytes a package of `api` may take."""
+        return next((n for a, n in self.max_bytes_by_api.items() if a == api), self.max_bytes)
+
+
 class ProfileSection(_Section):
     cflags: tuple[str, ...] = Field(("-O2",), description="Flags for C compiles (host and reference backend).")
     gpu_flags: tuple[str, ...] = Field(("-O2",), description="Flags for the CUDA/HIP compile.")
@@ -195,6 +213,7 @@ class Config(_Section):
     validate_: ValidateSection = Field(default_factory=ValidateSection, alias="validate")
     profiles: dict[str, ProfileSection] = Field(default_factory=_default_profiles, description="Named flag sets.")
     cache: CacheSection = Field(default_factory=CacheSection)
+    package: PackageSection = Field(default_factory=PackageSection)
     release: ReleaseSection | None = Field(
         None, description="The release matrix that `doit release` builds (configs/release-*.toml)."
     )

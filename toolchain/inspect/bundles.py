@@ -9,7 +9,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["OffloadBundle", "cuda_fatbin_arches", "inflate_bundle", "parse_offload_bundle"]
+__all__ = [
+    "CodeObject",
+    "OffloadBundle",
+    "code_objects",
+    "cuda_fatbin_arches",
+    "inflate_bundle",
+    "parse_offload_bundle",
+]
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 COMPRESSED_MAGIC = b"CCOB"
@@ -21,6 +28,9 @@ FATBIN_KIND_ELF = 2
 # family-specific one (sm_100f), as nvcc 12.9-13.0 write them
 FATBIN_FLAG_ARCH_SPECIFIC = 0x100000
 FATBIN_FLAG_FAMILY_SPECIFIC = 0x200000
+# the payload is compressed (nvcc -Xfatbin -compress-all, and PTX by default); its
+# inflated size is the 64-bit word at byte 56 of the entry's header
+FATBIN_FLAG_COMPRESSED = 0x8000
 
 
 @dataclass(frozen=True)
@@ -85,10 +95,9 @@ def inflate_bundle(data: bytes, pos: int) -> tuple[bytes, int]:
     return plain, pos + total
 
 
-def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
-    """Every bundle in a .hip_fatbin section (one per translation unit, 4 KiB aligned);
-    compressed ones are inflated and listed with compressed=True."""
-    bundles: list[OffloadBundle] = []
+def _bundles(data: bytes, compressed: bool = False) -> list[tuple[bool, list[tuple[str, bytes]]]]:
+    """Each bundle in `data` as (compressed, [(triple, code object)]), compressed ones inflated."""
+    bundles: list[tuple[bool, list[tuple[str, bytes]]]] = []
     pos = 0
     while True:
         plain = data.find(BUNDLE_MAGIC, pos)
@@ -97,7 +106,7 @@ def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
             return bundles
         if packed >= 0 and (plain < 0 or packed < plain):
             inner, pos = inflate_bundle(data, packed)
-            bundles += [OffloadBundle(b.triples, compressed=True) for b in parse_offload_bundle(inner)]
+            bundles += _bundles(inner, compressed=True)
             continue
         p = plain + len(BUNDLE_MAGIC)
         if p + 8 > len(data):
@@ -106,18 +115,26 @@ def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
         if count > 4096:
             raise ValueError(f"offload bundle claims {count} entries")
         p += 8
-        triples = []
+        entries = []
         for _ in range(count):
             if p + 24 > len(data):
                 raise ValueError("offload bundle entry is truncated")
-            _off, _size, tlen = struct.unpack_from("<QQQ", data, p)
+            off, size, tlen = struct.unpack_from("<QQQ", data, p)
             p += 24
             if tlen > 1024 or p + tlen > len(data):
                 raise ValueError("offload bundle triple is truncated")
-            triples.append(data[p : p + tlen].decode("ascii", errors="replace"))
+            triple = data[p : p + tlen].decode("ascii", errors="replace")
             p += tlen
-        bundles.append(OffloadBundle(tuple(triples)))
+            # offsets count from the bundle's magic; a code object past the data is cut to what is there
+            entries.append((triple, data[plain + off : plain + off + size]))
+        bundles.append((compressed, entries))
         pos = p
+
+
+def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
+    """Every bundle in a .hip_fatbin section (one per translation unit, 4 KiB aligned);
+    compressed ones are inflated and listed with compressed=True."""
+    return [OffloadBundle(tuple(t for t, _ in entries), compressed=c) for c, entries in _bundles(data)]
 
 
 def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
@@ -146,3 +163,76 @@ def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
             p += ehsize + payload
         pos = end
     return found
+
+
+@dataclass(frozen=True)
+class CodeObject:
+    """The device code a backend carries for one arch, in one kind, over all its
+    bundles or fatbins: `bytes` as the runtime loads it; `compressed_bytes` what it
+    costs compressed: as stored where nvcc stored it compressed, else deflated alone
+    at level 9, as a package's archive keeps it (for a compressed HIP bundle, whose
+    code objects are compressed together, an estimate of its share)."""
+
+    arch: str  # gfx1030, gfx90a:xnack-, sm_90, sm_90a
+    kind: str  # hsaco, sass, ptx
+    bytes: int
+    compressed_bytes: int
+
+    def to_json(self) -> dict[str, str | int]:
+        return {"arch": self.arch, "kind": self.kind, "bytes": self.bytes, "compressed_bytes": self.compressed_bytes}
+
+
+def _deflated(data: bytes) -> int:
+    import zlib
+
+    return len(zlib.compress(data, 9))
+
+
+def _fatbin_objects(data: bytes) -> list[tuple[str, str, int, int]]:
+    out: list[tuple[str, str, int, int]] = []
+    pos = 0
+    while pos + 16 <= len(data):
+        magic, _ver, hsize, fsize = struct.unpack_from("<IHHQ", data, pos)
+        if magic != FATBIN_MAGIC:
+            pos += 8
+            continue
+        p, end = pos + hsize, pos + hsize + fsize
+        if end > len(data):
+            raise ValueError("fatbin is truncated")
+        while p + 32 <= end:
+            kind, _v, ehsize, payload = struct.unpack_from("<HHIQ", data, p)
+            (arch,) = struct.unpack_from("<I", data, p + 28)
+            if ehsize < 32:
+                raise ValueError("fatbin entry header too small")
+            (flags,) = struct.unpack_from("<Q", data, p + 40) if ehsize >= 48 else (0,)
+            suffix = "a" if flags & FATBIN_FLAG_ARCH_SPECIFIC else "f" if flags & FATBIN_FLAG_FAMILY_SPECIFIC else ""
+            body = data[p + ehsize : p + ehsize + payload]
+            if kind in (FATBIN_KIND_PTX, FATBIN_KIND_ELF):
+                if flags & FATBIN_FLAG_COMPRESSED and ehsize >= 64:
+                    (inflated,) = struct.unpack_from("<Q", data, p + 56)
+                    sizes = (int(inflated), len(body))
+                else:
+                    sizes = (len(body), _deflated(body))
+                out.append((f"sm_{arch}{suffix}", "sass" if kind == FATBIN_KIND_ELF else "ptx", *sizes))
+            p += ehsize + payload
+        pos = end
+    return out
+
+
+def code_objects(sections: dict[str, bytes]) -> list[CodeObject]:
+    """The device code in a binary's device-code sections (.hip_fatbin or the PE's
+    HIP section; .nv_fatbin), summed by arch and kind, sorted."""
+    found: list[tuple[str, str, int, int]] = []
+    for name, data in sections.items():
+        if name == ".nv_fatbin":
+            found += _fatbin_objects(data)
+            continue
+        for _compressed, entries in _bundles(data):
+            for triple, obj in entries:
+                if "amdgcn" in triple and "--" in triple and obj:
+                    found.append((triple.rsplit("--", 1)[1], "hsaco", len(obj), _deflated(obj)))
+    total: dict[tuple[str, str], tuple[int, int]] = {}
+    for arch, kind, plain, packed in found:
+        a, b = total.get((arch, kind), (0, 0))
+        total[arch, kind] = (a + plain, b + packed)
+    return [CodeObject(arch, kind, a, b) for (arch, kind), (a, b) in sorted(total.items())]
