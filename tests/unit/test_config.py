@@ -181,6 +181,7 @@ def test_schema_and_reference_are_generated_and_current() -> None:
         "validate",
         "profiles",
         "cache",
+        "package",
         "release",
     }
     reference = reference_markdown()
@@ -192,5 +193,6 @@ def test_schema_and_reference_are_generated_and_current() -> None:
         "`windows.msvc_toolset`",
         "`release.targets.<name>.groups`",
         "`entry=`",
+        "`package.max_bytes`",
     ):
         assert key in reference
