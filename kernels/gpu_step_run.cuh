@@ -276,10 +276,10 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
         int32_t *count = g->moe_tiles, *list = g->moe_tiles + 1;
         launch_early(chain_calls(), moe_group_kernel, dim3(1), dim3(1024), 0, st, a.idx, g->moe_order, list, count,
             (int)pairs, (int)experts);
-        launch_early(chain_calls(), moe_up_grouped_kernel<FORMAT>, dim3(up_blocks, tiles), dim3(STEP_THREADS), 0, st,
+        launch_early(chain_calls(), moe_tile_kernel<FORMAT, true>, dim3(up_blocks, tiles), dim3(STEP_THREADS), 0, st,
             table, a.x, g->moe_order, list, count, g->moe_gu, a.k, inter, hid);
-        launch_early(chain_calls(), moe_down_grouped_kernel<FORMAT>, dim3(down_blocks, tiles), dim3(STEP_THREADS), 0,
-            st, table, g->moe_gu, g->moe_order, list, count, g->moe_eo, inter, hid);
+        launch_early(chain_calls(), moe_tile_kernel<FORMAT, false>, dim3(down_blocks, tiles), dim3(STEP_THREADS), 0,
+            st, table, g->moe_gu, g->moe_order, list, count, g->moe_eo, a.k, hid, inter);
         launch_early(chain_calls(), moe_combine_kernel, dim3(blocks_for(hid), (unsigned)a.rows), dim3(STEP_THREADS), 0,
             st, g->moe_eo, a.idx, a.w, a.out, a.k, hid, experts);
         return;

@@ -323,8 +323,45 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     if (lane == 0) gu[pair * inter + i] = dev_silu(g) * u;
 }
 
-/* out[row][d] = the sum over the row's experts in ascending order of w * (down_e gu)[d]:
- * a warp an output, its k dots taken in that order. */
+/* order[0..k): a row's picks 0..k-1 in ascending expert order (ties in pick order). */
+__device__ inline void expert_order(const int32_t *ri, int k, int *order) {
+    for (int j = 0; j < k; j++) order[j] = j;
+    for (int a = 1; a < k; a++) /* insertion sort */
+        for (int b = a; b > 0 && ri[order[b]] < ri[order[b - 1]]; b--) {
+            const int t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+}
+
+/* A row's output: sum over its picks in ascending expert order of w * value(pair, e),
+ * a pick outside the experts adding 0; the one order both expert paths add in. */
+template <typename Value>
+__device__ inline float expert_sum(const int32_t *idx, const float *w, int64_t r, int64_t k, int64_t experts, Value value) {
+    const int32_t *ri = idx + r * k;
+    int order[16];
+    expert_order(ri, (int)k, order);
+    float acc = 0.0f;
+    for (int j = 0; j < (int)k; j++) {
+        const int64_t pair = r * k + order[j];
+        const int32_t e = ri[order[j]];
+        acc += (e >= 0 && e < experts ? value(pair, e) : 0.0f) * w[pair];
+    }
+    return acc;
+}
+
+/* (down_e gu[pair])[d], on a warp. */
+template <int FORMAT> struct down_row {
+    const dev_weight *ws;
+    const float *gu;
+    int64_t inter, d;
+    int lane;
+    __device__ float operator()(int64_t pair, int32_t e) const {
+        return weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
+    }
+};
+
+/* out[row][d] = expert_sum of the down rows d: a warp an output, its k dots in that order. */
 template <int FORMAT>
 __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, const float *w, float *out,
                                 int64_t k, int64_t inter, int64_t hid, int64_t experts) {
@@ -332,22 +369,7 @@ __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int
     const int64_t r = blockIdx.y, d = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (d >= hid) return;
-    const int32_t *ri = idx + r * k;
-    int order[16];
-    for (int j = 0; j < (int)k; j++) order[j] = j;
-    for (int a = 1; a < (int)k; a++) /* insertion sort by expert */
-        for (int b = a; b > 0 && ri[order[b]] < ri[order[b - 1]]; b--) {
-            const int t = order[b];
-            order[b] = order[b - 1];
-            order[b - 1] = t;
-        }
-    float acc = 0.0f;
-    for (int j = 0; j < (int)k; j++) {
-        const int64_t pair = r * k + order[j];
-        const int32_t e = ri[order[j]];
-        const float v = e >= 0 && e < experts ? weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane) : 0.0f;
-        acc += v * w[pair];
-    }
+    const float acc = expert_sum(idx, w, r, k, experts, down_row<FORMAT>{ws, gu, inter, d, lane});
     if (lane == 0) out[r * hid + d] = acc;
 }
 
@@ -389,63 +411,43 @@ __global__ void moe_group_kernel(const int32_t *idx, int32_t *order, int32_t *ti
         if (idx[p] >= 0 && idx[p] < experts) order[atomicAdd(&next[idx[p]], 1)] = p;
 }
 
-/* moe_up_kernel over tile blockIdx.y's pairs: a warp a row of its expert's gate and up. */
-template <int FORMAT>
-__global__ void moe_up_grouped_kernel(const dev_weight *ws, const float *x, const int32_t *order, const int32_t *tiles,
-                                      const int32_t *n_tiles, float *gu, int64_t k, int64_t inter, int64_t hid) {
+/* Tile blockIdx.y's pairs through its expert, a warp an output row r: the gate and
+ * up rows (UP: out = gu[pair], from x's rows) or the down row (out = eo[pair], from gu[pair]). */
+template <int FORMAT, bool UP>
+__global__ void moe_tile_kernel(const dev_weight *ws, const float *in, const int32_t *order, const int32_t *tiles,
+                                const int32_t *n_tiles, float *out, int64_t k, int64_t rows, int64_t cols) {
     STEP_KERNEL_BEGIN();
     const int t = blockIdx.y, lane = threadIdx.x % WARP;
-    const int64_t i = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    if (t >= *n_tiles || i >= inter) return;
+    const int64_t r = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
+    if (t >= *n_tiles || r >= rows) return;
     const int e = tiles[3 * t];
     for (int s = tiles[3 * t + 1]; s < tiles[3 * t + 2]; s++) {
         const int64_t pair = order[s];
-        const float *xr = x + pair / k * hid;
-        const float g = weight_row_dot<FORMAT>(ws[3 * e], i, xr, lane), u = weight_row_dot<FORMAT>(ws[3 * e + 1], i, xr, lane);
-        if (lane == 0) gu[pair * inter + i] = dev_silu(g) * u;
+        float v;
+        if (UP) {
+            const float *xr = in + pair / k * cols;
+            v = dev_silu(weight_row_dot<FORMAT>(ws[3 * e], r, xr, lane)) * weight_row_dot<FORMAT>(ws[3 * e + 1], r, xr, lane);
+        } else {
+            v = weight_row_dot<FORMAT>(ws[3 * e + 2], r, in + pair * cols, lane);
+        }
+        if (lane == 0) out[pair * rows + r] = v;
     }
 }
 
-/* eo[pair][d] = (down_e gu[pair])[d] over tile blockIdx.y's pairs: a warp a row d. */
-template <int FORMAT>
-__global__ void moe_down_grouped_kernel(const dev_weight *ws, const float *gu, const int32_t *order,
-                                        const int32_t *tiles, const int32_t *n_tiles, float *eo, int64_t inter,
-                                        int64_t hid) {
-    STEP_KERNEL_BEGIN();
-    const int t = blockIdx.y, lane = threadIdx.x % WARP;
-    const int64_t d = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    if (t >= *n_tiles || d >= hid) return;
-    const int e = tiles[3 * t];
-    for (int s = tiles[3 * t + 1]; s < tiles[3 * t + 2]; s++) {
-        const int64_t pair = order[s];
-        const float v = weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
-        if (lane == 0) eo[pair * hid + d] = v;
-    }
-}
+/* eo[pair][d], the grouped path's down projections. */
+struct part_row {
+    const float *eo;
+    int64_t hid, d;
+    __device__ float operator()(int64_t pair, int32_t) const { return eo[pair * hid + d]; }
+};
 
-/* out[row] = the experts' outputs times their weights, added in ascending expert
- * order (moe_down_kernel's sum); a pair routed outside the experts adds 0. */
+/* out[row][d] = expert_sum of the experts' outputs (moe_down_kernel's sum), a thread an output. */
 __global__ void moe_combine_kernel(const float *eo, const int32_t *idx, const float *w, float *out, int64_t k,
                                    int64_t hid, int64_t experts) {
     STEP_KERNEL_BEGIN();
     const int64_t r = blockIdx.y, d = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (d >= hid) return;
-    const int32_t *ri = idx + r * k;
-    int order[16];
-    for (int j = 0; j < (int)k; j++) order[j] = j;
-    for (int a = 1; a < (int)k; a++) /* insertion sort by expert */
-        for (int b = a; b > 0 && ri[order[b]] < ri[order[b - 1]]; b--) {
-            const int t = order[b];
-            order[b] = order[b - 1];
-            order[b - 1] = t;
-        }
-    float acc = 0.0f;
-    for (int j = 0; j < (int)k; j++) {
-        const int64_t pair = r * k + order[j];
-        const float v = ri[order[j]] >= 0 && ri[order[j]] < experts ? eo[pair * hid + d] : 0.0f;
-        acc += v * w[pair];
-    }
-    out[r * hid + d] = acc;
+    out[r * hid + d] = expert_sum(idx, w, r, k, experts, part_row{eo, hid, d});
 }
 
 /* ---- the DSA indexer ------------------------------------------------------------ */

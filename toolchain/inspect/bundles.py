@@ -7,6 +7,7 @@ needs no SDK tool (clang-offload-bundler, cuobjdump) on the verifying machine.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
@@ -137,10 +138,10 @@ def parse_offload_bundle(data: bytes) -> list[OffloadBundle]:
     return [OffloadBundle(tuple(t for t, _ in entries), compressed=c) for c, entries in _bundles(data)]
 
 
-def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
-    """sm_XX (sm_XXa, sm_XXf) -> {"sass", "ptx"} for every entry of every fatbin in a
-    .nv_fatbin section: the entry's arch with its arch- or family-specific flag."""
-    found: dict[str, set[str]] = {}
+def _fatbin_entries(data: bytes) -> Iterator[tuple[str, int, int, int, bytes]]:
+    """Each PTX or ELF entry of every fatbin in a .nv_fatbin section: its arch (with
+    its arch- or family-specific suffix), kind, flags, inflated size (0 unless
+    compressed) and payload as stored."""
     pos = 0
     while pos + 16 <= len(data):
         magic, _ver, hsize, fsize = struct.unpack_from("<IHHQ", data, pos)
@@ -157,11 +158,20 @@ def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
             if ehsize < 32:
                 raise ValueError("fatbin entry header too small")
             (flags,) = struct.unpack_from("<Q", data, p + 40) if ehsize >= 48 else (0,)
+            (inflated,) = struct.unpack_from("<Q", data, p + 56) if ehsize >= 64 else (0,)
             suffix = "a" if flags & FATBIN_FLAG_ARCH_SPECIFIC else "f" if flags & FATBIN_FLAG_FAMILY_SPECIFIC else ""
             if kind in (FATBIN_KIND_PTX, FATBIN_KIND_ELF):
-                found.setdefault(f"sm_{arch}{suffix}", set()).add("sass" if kind == FATBIN_KIND_ELF else "ptx")
+                yield f"sm_{arch}{suffix}", kind, flags, inflated, data[p + ehsize : p + ehsize + payload]
             p += ehsize + payload
         pos = end
+
+
+def cuda_fatbin_arches(data: bytes) -> dict[str, set[str]]:
+    """sm_XX (sm_XXa, sm_XXf) -> {"sass", "ptx"} for every entry of every fatbin in a
+    .nv_fatbin section: the entry's arch with its arch- or family-specific flag."""
+    found: dict[str, set[str]] = {}
+    for arch, kind, _flags, _inflated, _body in _fatbin_entries(data):
+        found.setdefault(arch, set()).add("sass" if kind == FATBIN_KIND_ELF else "ptx")
     return found
 
 
@@ -189,33 +199,11 @@ def _deflated(data: bytes) -> int:
 
 
 def _fatbin_objects(data: bytes) -> list[tuple[str, str, int, int]]:
-    out: list[tuple[str, str, int, int]] = []
-    pos = 0
-    while pos + 16 <= len(data):
-        magic, _ver, hsize, fsize = struct.unpack_from("<IHHQ", data, pos)
-        if magic != FATBIN_MAGIC:
-            pos += 8
-            continue
-        p, end = pos + hsize, pos + hsize + fsize
-        if end > len(data):
-            raise ValueError("fatbin is truncated")
-        while p + 32 <= end:
-            kind, _v, ehsize, payload = struct.unpack_from("<HHIQ", data, p)
-            (arch,) = struct.unpack_from("<I", data, p + 28)
-            if ehsize < 32:
-                raise ValueError("fatbin entry header too small")
-            (flags,) = struct.unpack_from("<Q", data, p + 40) if ehsize >= 48 else (0,)
-            suffix = "a" if flags & FATBIN_FLAG_ARCH_SPECIFIC else "f" if flags & FATBIN_FLAG_FAMILY_SPECIFIC else ""
-            body = data[p + ehsize : p + ehsize + payload]
-            if kind in (FATBIN_KIND_PTX, FATBIN_KIND_ELF):
-                if flags & FATBIN_FLAG_COMPRESSED and ehsize >= 64:
-                    (inflated,) = struct.unpack_from("<Q", data, p + 56)
-                    sizes = (int(inflated), len(body))
-                else:
-                    sizes = (len(body), _deflated(body))
-                out.append((f"sm_{arch}{suffix}", "sass" if kind == FATBIN_KIND_ELF else "ptx", *sizes))
-            p += ehsize + payload
-        pos = end
+    out = []
+    for arch, kind, flags, inflated, body in _fatbin_entries(data):
+        compressed = bool(flags & FATBIN_FLAG_COMPRESSED and inflated)
+        sizes = (int(inflated), len(body)) if compressed else (len(body), _deflated(body))
+        out.append((arch, "sass" if kind == FATBIN_KIND_ELF else "ptx", *sizes))
     return out
 
 
