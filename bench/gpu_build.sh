@@ -15,7 +15,7 @@ mkdir -p "$out"
   nvcc --version | tail -1
   git log -1 --format='%H %s' 2>/dev/null
 } | tee "$out/device.txt"
-if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard" 2>/dev/null; then
+if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard, cyclonedx" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
     return 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

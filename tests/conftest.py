@@ -3,6 +3,7 @@ that an unexpected skip fails the run (COLI_FAIL_ON_SKIP=1, set by nox)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,6 +80,24 @@ def gen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, text in render_abi(load_abi(ROOT / "kernels" / "abi.toml")).items():
         (out / name).write_text(text)
     return out
+
+
+def sbom_errors(data: bytes) -> object:
+    """What CycloneDX 1.6's JSON schema finds wrong with an SBOM (None: nothing), by the
+    library's own strict validator."""
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    return JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode())
+
+
+def provenance_errors(text: str) -> list[str]:
+    """What the in-toto Statement / SLSA v1 schema (tests/fixtures/schemas) finds wrong."""
+    import jsonschema  # type: ignore[import-untyped]  # no stubs in the dev set
+
+    schema = json.loads((ROOT / "tests/fixtures/schemas/in-toto-statement-slsa-provenance-v1.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(json.loads(text))]
 
 
 def compile_ok(argv: list[str], cwd: Path | None = None) -> None:

@@ -1,7 +1,8 @@
 """What goes into a package, and writing it: the host, the backend,
-build-info.json, the HIP runtime's README (and the runtime where the config asks)
-and SHA256SUMS; sorted members, fixed times and owners, written to a temporary
-name and renamed, so dist/ never holds a partial package."""
+build-info.json, the HIP runtime's README (and the runtime where the config asks),
+the SBOM (sbom.cdx.json, over all of those) and SHA256SUMS; sorted members, fixed
+times and owners, written to a temporary name and renamed, so dist/ never holds a
+partial package."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .atomic import sha256sums as _sums_text
 from .closure import runtime_companions
 from .plan import BackendSpec
 from .revision import Revision
+from .sbom import SBOM_NAME, package_sbom
 
 __all__ = ["BUILD_INFO_SCHEMA", "HipRuntime", "build_info", "package_files", "sha256sums", "write_package"]
 
@@ -109,12 +111,25 @@ def package_files(
         lib.name: lib.read_bytes(),
         "build-info.json": (json.dumps(info, indent=2, sort_keys=True) + "\n").encode(),
     }
+    version = str(info["version"])
+    roles = {host.name: ("host", version), lib.name: ("backend", version)}
     if runtime is not None:
-        files["README-hip-runtime.txt"] = _hip_readme(spec, str(info["version"]), host.name, lib.name, runtime)
+        files["README-hip-runtime.txt"] = _hip_readme(spec, version, host.name, lib.name, runtime)
         if runtime.bundled:  # the runtime and what it imports from its own folder
             files[runtime.name] = (runtime.folder / runtime.name).read_bytes()
+            roles[runtime.name] = ("runtime", runtime.sdk_version)
             for companion in runtime_companions(runtime.folder / runtime.name, spec.windows):
                 files[companion.name] = companion.read_bytes()
+                roles[companion.name] = ("runtime", runtime.sdk_version)
+    files[SBOM_NAME] = package_sbom(
+        name=str(info["name"]),
+        version=version,
+        revision=str(info["source_revision"]),
+        epoch=int(info["source_date_epoch"]),
+        members=files,
+        roles=roles,
+        toolchain=info["toolchain"],
+    )
     files["SHA256SUMS"] = sha256sums(files)
     return files
 

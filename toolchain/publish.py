@@ -1,6 +1,8 @@
 """Publishing a release: dist/release-<version>/ with every built entry's package,
-release-manifest.json (entries, status, hashes, toolchains, source revision) and
-SHA256SUMS.
+release-manifest.json (entries, status, hashes, toolchains, device code, source
+revision), provenance.intoto.json (the packages by SHA-256 in an in-toto
+Statement with an SLSA v1 predicate; its signature too when release.sign names a
+signer) and SHA256SUMS.
 
 The folder is assembled under a hidden name and renamed into place, so it is
 either the previous complete release or the new complete one, never a mix.
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +26,8 @@ from typing import Any
 
 from .atomic import file_sha256, sha256sums, write_atomic
 from .config.release import ReleaseEntry
-from .errors import ColiError, ConfigError
+from .errors import ColiError, ConfigError, ReleaseError
+from .provenance import PROVENANCE, release_statement
 from .table import aligned
 
 __all__ = [
@@ -87,11 +91,42 @@ def release_rows(
     return rows
 
 
+def _builder_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("coli-build")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _sign(stage: Path, argv: Sequence[str]) -> str:
+    """Runs the signer on the provenance in `stage` ({file}: the statement, {signature}:
+    where the signature goes); the signature's name, or ReleaseError in one line."""
+    statement, signature = stage / PROVENANCE, stage / f"{PROVENANCE}.sig"
+    cmd = [a.replace("{file}", str(statement)).replace("{signature}", str(signature)) for a in argv]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        raise ReleaseError(f"release.sign: cannot run {argv[0]}: {exc.strerror}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ReleaseError(f"release.sign: {argv[0]} exited {proc.returncode}: {last}")
+    if not signature.is_file():
+        raise ReleaseError(f"release.sign: {argv[0]} wrote no signature to {{signature}} ({signature.name})")
+    return signature.name
+
+
 def publish_release(
-    dest: Path, head: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], packages: Mapping[str, Path]
+    dest: Path,
+    head: Mapping[str, Any],
+    entries: Sequence[Mapping[str, Any]],
+    packages: Mapping[str, Path],
+    sign: Sequence[str] = (),
 ) -> None:
     """Write `dest` atomically. `entries` lack hashes; each built one names its package file,
-    found in `packages` (file name -> path), which is copied in and hashed here."""
+    found in `packages` (file name -> path), which is copied in and hashed here. `sign`: the
+    signer's command (release.sign), run on the provenance before anything is published."""
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(parent, dest.name)
@@ -110,7 +145,10 @@ def publish_release(
                 e["size"] = (stage / name).stat().st_size
             out.append(e)
         write_atomic(stage / MANIFEST, manifest_json(head, out))
-        names = [e["package"] for e in out if e.get("package")] + [MANIFEST]
+        write_atomic(stage / PROVENANCE, release_statement(head, out, _builder_version()))
+        names = [e["package"] for e in out if e.get("package")] + [MANIFEST, PROVENANCE]
+        if sign:
+            names.append(_sign(stage, sign))
         write_atomic(stage / SUMS, _sums(stage, names))
         _swap_in(stage, dest)
     except BaseException:

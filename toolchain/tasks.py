@@ -30,6 +30,7 @@ from .errors import ColiError, ReleaseError, ValidateError, VerifyError
 from .package import HipRuntime, build_info, package_files, write_package
 from .plan import BackendSpec, Plan
 from .project import Loaded, ReleaseRun
+from .provenance import PROVENANCE
 from .publish import MANIFEST, SUMS, BuiltEntry, format_summary, publish_release, release_rows
 from .report import ColiReporter
 from .revision import source_revision
@@ -468,11 +469,13 @@ class _Project:
             return _task(actions=[lambda: TaskFailed(message)], uptodate=[False])
         built = [(g, s) for g in self.graphs for s in g.plan.backends]
         dest = self.release_dir()
+        release = self.loaded.rc.config.release
+        sign = list(release.sign) if release else []
         return _task(
             actions=[_guard(self._release, run, built, dest)],
             file_dep=[g.package_path(s) for g, s in built] + [g.validate_json(s) for g, s in built],
-            targets=[dest / MANIFEST, dest / SUMS],
-            uptodate=[config_changed({"head": self.release_head(), "not_built": dict(run.not_built)})],
+            targets=[dest / MANIFEST, dest / PROVENANCE, dest / SUMS],
+            uptodate=[config_changed({"head": self.release_head(), "not_built": dict(run.not_built), "sign": sign})],
             verbosity=2,
         )
 
@@ -508,7 +511,7 @@ class _Project:
         }
         entries = release_rows(run.entries, done, run.not_built)
         packages = {b.package.name: b.package for b in done.values()}
-        publish_release(dest, self.release_head(), entries, packages)
+        publish_release(dest, self.release_head(), entries, packages, cfg.release.sign)
         published = json.loads((dest / MANIFEST).read_text(encoding="utf-8"))["entries"]
         _say(format_summary(published, dest))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_project, executed, need_tool, run_doit
+from tests.conftest import copy_project, executed, need_tool, run_doit, sbom_errors
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
             top = f"coli-0.1.0-{PLATFORM}-{key}"
             files = {m.name.removeprefix(top + "/"): tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
         extra = {"README-hip-runtime.txt"} if api == "hip" else set()
-        assert set(files) == {"coli", f"libcoli_{api}.so", "build-info.json", "SHA256SUMS", *extra}
+        assert set(files) == {"coli", f"libcoli_{api}.so", "build-info.json", "sbom.cdx.json", "SHA256SUMS", *extra}
         if api == "hip":  # the runtime is named, not bundled, unless the config says so
             readme = files["README-hip-runtime.txt"].decode()
             assert "COLI_HIP_RUNTIME_DIR" in readme and "libamdhip64.so.5" in readme and "resident_tensors" in readme
@@ -44,6 +44,13 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
             assert hashlib.sha256(files[name]).hexdigest() == digest
         info = json.loads(files["build-info.json"])
         assert info["api"] == api and info["platform"] == PLATFORM
+        # the SBOM: CycloneDX 1.6 by its schema, the host and the backend by their SHA-256, the toolchains
+        assert sbom_errors(files["sbom.cdx.json"]) is None
+        sbom = json.loads(files["sbom.cdx.json"])
+        hashes = {c["name"]: c["hashes"][0]["content"] for c in sbom["components"]}
+        assert hashes == {n: hashlib.sha256(files[n]).hexdigest() for n in ("coli", f"libcoli_{api}.so")}
+        assert {t["bom-ref"] for t in sbom["metadata"]["tools"]["components"]} == {"tool:host", f"tool:{api}"}
+        assert sbom["metadata"]["component"]["properties"][0]["value"] == info["source_revision"]
         assert info["source_revision"] and "host" in info["toolchain"] and api in info["toolchain"]
         assert all(v["ok"] for v in info["verify"].values())
         # the backend's device code per arch and kind, with its sizes
@@ -219,7 +226,7 @@ def test_windows_cross_build_runs_under_wine(built_project: Path) -> None:
     with zipfile.ZipFile(zpath) as zf:
         top = "coli-0.1.0-windows-x86_64-ref-cpu"
         assert sorted(zf.namelist()) == sorted(
-            f"{top}/{n}" for n in ("coli.exe", "coli_ref.dll", "build-info.json", "SHA256SUMS")
+            f"{top}/{n}" for n in ("coli.exe", "coli_ref.dll", "build-info.json", "sbom.cdx.json", "SHA256SUMS")
         )
         info = json.loads(zf.read(f"{top}/build-info.json"))
     assert info["validate"]["host"]["status"] == "passed"

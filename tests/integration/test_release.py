@@ -7,16 +7,30 @@ import hashlib
 import json
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, copy_project, need_tool, run_doit
+from tests.conftest import ROOT, copy_project, need_tool, provenance_errors, run_doit, sbom_errors
 
 pytestmark = pytest.mark.slow
 
 CONFIG = "config=configs/release-local.toml"
 RELEASE = Path("dist/release-0.2.0")
+
+
+def _member(package: Path, name: str) -> bytes:
+    """A package's member by its name under the package's top folder."""
+    top = package.name.removesuffix(".zip").removesuffix(".tar.gz")
+    if package.suffix == ".zip":
+        with zipfile.ZipFile(package) as zf:
+            return zf.read(f"{top}/{name}")
+    with tarfile.open(package) as tf:
+        f = tf.extractfile(f"{top}/{name}")
+        assert f is not None
+        return f.read()
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -59,9 +73,19 @@ def test_release_publishes_every_entry_with_manifest_and_sums(released: tuple[Pa
     for line in (folder / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ")
         sums[name] = digest
-    assert set(sums) == {e["package"] for e in manifest["entries"] if "package" in e} | {"release-manifest.json"}
+    packages = {e["package"] for e in manifest["entries"] if "package" in e}
+    assert set(sums) == packages | {"release-manifest.json", "provenance.intoto.json"}
     for name, digest in sums.items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    # the provenance: an in-toto Statement, SLSA v1, naming every package by its sha256
+    statement = (folder / "provenance.intoto.json").read_text()
+    assert provenance_errors(statement) == []
+    subjects = {x["name"]: x["digest"]["sha256"] for x in json.loads(statement)["subject"]}
+    assert subjects == {name: sums[name] for name in packages}
+    # every package carries its SBOM, valid CycloneDX 1.6
+    for name in packages:
+        assert sbom_errors(_member(folder / name, "sbom.cdx.json")) is None, name
+        assert sbom_errors(data) is None, name
     # the summary table names every entry, and what the missing one needs
     assert "release: 5 of 6 entries built" in stdout
     assert "windows-x86_64-hip-gfx1151" in stdout and "needs Windows" in stdout

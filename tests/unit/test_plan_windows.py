@@ -172,7 +172,14 @@ def test_windows_hip_package_contents(tmp_path: Path) -> None:
         readme = zf.read(f"{top}/README-hip-runtime.txt").decode()
         info = json.loads(zf.read(f"{top}/build-info.json"))
     assert info["hip_runtime"] == "amdhip64_7.dll"
-    assert names == ["README-hip-runtime.txt", "SHA256SUMS", "build-info.json", "coli.exe", "coli_hip.dll"]
+    assert names == [
+        "README-hip-runtime.txt",
+        "SHA256SUMS",
+        "build-info.json",
+        "coli.exe",
+        "coli_hip.dll",
+        "sbom.cdx.json",
+    ]
     assert "amdhip64_7.dll" in readme and r"set COLI_HIP_RUNTIME_DIR=C:\Program Files\AMD\ROCm" in readme
     assert "HIP SDK 7.14.60850-9b8f2a51 built it" in readme and "resident_tensors" in readme
 

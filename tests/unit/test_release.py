@@ -203,14 +203,14 @@ def test_publish_writes_the_whole_folder_and_replaces_an_old_one_whole(tmp_path:
     (dest / "stale.txt").write_text("from an older release")
     entries = [_entry("x", "a.tar.gz"), _entry("y", "b.zip"), _entry("z", None)]
     publish_release(dest, HEAD, entries, packages)
-    assert sorted(p.name for p in dest.iterdir()) == [SUMS, "a.tar.gz", "b.zip", MANIFEST]
+    assert sorted(p.name for p in dest.iterdir()) == [SUMS, "a.tar.gz", "b.zip", "provenance.intoto.json", MANIFEST]
     assert sorted(p.name for p in dest.parent.iterdir()) == ["release-1.2.3"]
     manifest = json.loads((dest / MANIFEST).read_text())
     assert manifest["schema"] == 1 and manifest["source_revision"] == "abc"
     assert manifest["entries"][0]["sha256"] == hashlib.sha256(b"alpha").hexdigest()
     assert manifest["entries"][2] == _entry("z", None)
     sums = (dest / SUMS).read_text().splitlines()
-    assert [line.split("  ")[1] for line in sums] == ["a.tar.gz", "b.zip", MANIFEST]
+    assert [line.split("  ")[1] for line in sums] == ["a.tar.gz", "b.zip", "provenance.intoto.json", MANIFEST]
     assert f"{hashlib.sha256((dest / MANIFEST).read_bytes()).hexdigest()}  {MANIFEST}" in sums
     table = format_summary(manifest["entries"], dest)
     row = next(line for line in table.splitlines() if line.startswith("z "))

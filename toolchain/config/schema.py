@@ -167,6 +167,13 @@ class ReleaseSection(_Section):
         description="Build and publish only these entry ids (doit variable entry=; CI fans out with it). "
         "Empty: every entry.",
     )
+    sign: tuple[str, ...] = Field(
+        (),
+        description="A command that signs the release's provenance statement before it is published, "
+        "{file} standing for the statement and {signature} for where the signature goes "
+        '(e.g. ["cosign", "sign-blob", "--yes", "--output-signature", "{signature}", "{file}"]). '
+        "Empty: the statement is published unsigned.",
+    )
     runners: dict[TargetName, str] = Field(
         default_factory=dict,
         description="GitHub Actions runner label per target for `doit ci-workflow` (defaults in "
