@@ -26,7 +26,9 @@ from .build import run_command
 from .closure import closure_problems
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
 from .discover import Missing
-from .errors import ColiError, ReleaseError, ValidateError, VerifyError
+from .errors import ColiError, ReleaseError, ToolchainError, ValidateError, VerifyError
+from .known_bad import known_bad
+from .lock import lock_differences, lock_of, read_lock, render_lock
 from .package import HipRuntime, build_info, package_files, write_package
 from .plan import BackendSpec, Plan
 from .project import Loaded, ReleaseRun
@@ -98,6 +100,10 @@ def _guard(fn: Callable[..., None], *args: Any) -> Callable[[], TaskFailed | Non
     return action
 
 
+def _raise(error: ColiError) -> None:
+    raise error
+
+
 _SAY = threading.Lock()
 
 
@@ -159,6 +165,7 @@ class _Graph:
             actions=[_guard(run_command, cmd, "host")],
             file_dep=host_inputs(self.plan),
             targets=[self.plan.host_exe],
+            task_dep=["preflight"],
             uptodate=[config_changed(_command_state(cmd, self.fingerprint("host")))],
         )
 
@@ -173,6 +180,7 @@ class _Graph:
                 actions=[_guard(run_command, cmd, f"backend {spec.key}")],
                 file_dep=backend_inputs(self.plan, spec),
                 targets=[lib],
+                task_dep=["preflight"],
                 uptodate=[config_changed(_command_state(cmd, self.fingerprint(spec.api)))],
             )
 
@@ -453,6 +461,45 @@ class _Project:
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
                 write_atomic(target, text)
 
+    def task_preflight(self) -> dict[str, Any]:
+        """Before anything compiles: refuse a known-bad toolchain combination (toolchain/data/known_bad.toml)
+        and, for a release, toolchains that differ from its lock (toolchain.lock)."""
+        problems = known_bad([g.plan for g in self.graphs])
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            return _task(actions=[_guard(_raise, ToolchainError(problems[0] + more))], uptodate=[False])
+        release = self.loaded.rc.config.release
+        if release is None:
+            return _task(actions=[], uptodate=[True])
+        path = self.root / release.lock
+        found = lock_of([g.plan for g in self.graphs])
+        if not path.is_file():
+            note = f"note: no {release.lock}: this release's toolchains are not pinned (doit lock writes it)"
+            print(note, file=sys.stderr)
+            return _task(actions=[], uptodate=[True])
+        diffs = lock_differences(read_lock(path), found)
+        if not diffs:
+            return _task(actions=[], uptodate=[True])
+        if release.lock_mode == "update":
+            return _task(actions=[lambda: self._write_lock(path, found, len(diffs))], uptodate=[False], verbosity=2)
+        differ = ReleaseError(
+            f"{release.lock}: the toolchains found differ from the lock: {'; '.join(diffs)}; "
+            "doit release lock=update accepts them"
+        )
+        return _task(actions=[_guard(_raise, differ)], uptodate=[False])
+
+    def _write_lock(self, path: Path, found: dict[str, Any], changes: int | None = None) -> None:
+        write_atomic(path, render_lock(found))
+        what = f"{changes} difference(s) accepted" if changes is not None else "written"
+        _say(f"{path.name}: {what}: " + ", ".join(f"{p} {', '.join(t)}" for p, t in sorted(found.items())))
+
+    def task_lock(self) -> dict[str, Any]:
+        """Write the toolchain lockfile (release.lock, toolchain.lock): versions and SDK layouts found, per platform."""
+        cfg = self.loaded.rc.config
+        path = self.root / (cfg.release.lock if cfg.release else "toolchain.lock")
+        found = lock_of([g.plan for g in self.graphs])
+        return _task(actions=[lambda: self._write_lock(path, found)], uptodate=[False], verbosity=2)
+
     def task_build(self) -> dict[str, Any]:
         """Build, verify, validate and package everything the config asks for (the default task)."""
         deps = [f"package:{s.task}" for g in self.graphs for s in g.plan.backends]
@@ -552,7 +599,8 @@ def make_tasks(loaded: Loaded) -> dict[str, Callable[[], Any]]:
     """The task_* functions for dodo.py's namespace, in graph order."""
     project = _Project(loaded)
     tasks: dict[str, Callable[[], Any]] = {}
-    for n in ["toolchain", "config", "codegen", "host", "backend", "verify", "validate", "package", "build", "release"]:
+    stages = ["toolchain", "config", "codegen", "preflight", "host", "backend", "verify", "validate", "package"]
+    for n in [*stages, "build", "release", "lock"]:
         if hasattr(project, f"task_{n}"):
             fn: Callable[[], Any] = getattr(project, f"task_{n}")
         else:

@@ -50,6 +50,7 @@ VAR_KEYS: dict[str, str] = {
     "dist_dir": "build.dist_dir",
     "cache": "cache.launcher",
     "entry": "release.only",
+    "lock": "release.lock_mode",
 }
 
 _LIST_KEYS = {"build.arch", "release.only"}

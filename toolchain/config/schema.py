@@ -167,6 +167,14 @@ class ReleaseSection(_Section):
         description="Build and publish only these entry ids (doit variable entry=; CI fans out with it). "
         "Empty: every entry.",
     )
+    lock: str = Field(
+        "toolchain.lock",
+        description="The toolchain lockfile, relative to the project: `doit lock` writes it; a release whose "
+        "toolchains differ from it stops before it builds, naming each difference.",
+    )
+    lock_mode: Literal["check", "update"] = Field(
+        "check", description="update (doit variable lock=update): rewrite the lock from the toolchains found."
+    )
     sign: tuple[str, ...] = Field(
         (),
         description="A command that signs the release's provenance statement before it is published, "
