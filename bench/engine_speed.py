@@ -7,7 +7,10 @@ Runs with the oracle environment (tools/oracle/requirements.txt: torch, transfor
 For each model: teacher forcing over 32 positions and greedy decode of 32 tokens
 after a 12-token prompt; the engine at f32, int8 and int4 and transformers at
 float32; medians of --repeat runs; the engine's peak RSS (/usr/bin/time) against
-the size of the weights.
+the size of the weights. In the same run, bench/read_bandwidth.c measures what the
+engine's threads can stream, and each decode figure is given as a share of the
+limit that sets: that bandwidth over what a decoded token reads (its weights, and
+the caches at the decode's mean position).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import platform
 import random
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,21 @@ def engine(coli: Path, model: Path, args: list[str], threads: int) -> tuple[dict
     return json.loads(proc.stdout), int(proc.stderr.strip().splitlines()[-1])
 
 
-def bench_engine(coli: Path, model: Path, ids: list[int], threads: int, repeat: int) -> dict[str, Any]:
+def read_bandwidth(threads: int) -> dict[str, Any]:
+    """bench/read_bandwidth.c, built here, run with the engine's threads over 1 GiB."""
+    src = Path(__file__).with_name("read_bandwidth.c")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "read_bandwidth"
+        subprocess.run(["gcc", "-std=c11", "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)], check=True)
+        proc = subprocess.run([str(exe), "--threads", str(threads), "--mib", "1024", "--repeat", "7"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def bench_engine(
+    coli: Path, model: Path, ids: list[int], threads: int, repeat: int, bandwidth: float
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     joined, prompt = ",".join(map(str, ids)), ",".join(map(str, ids[:PROMPT]))
     for quant in ("f32", "int8", "int4"):
@@ -43,9 +61,14 @@ def bench_engine(coli: Path, model: Path, ids: list[int], threads: int, repeat: 
             d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
             gen.append(d["decode_tokens_per_second"])
             rss.append(kb)
+        per_token = d["token_weight_bytes"] + d["kv_bytes_per_position"] * (PROMPT + DECODE / 2)
+        limit = bandwidth / per_token
         out[quant] = {
             "teacher_forcing_tokens_per_second": statistics.median(tf),
             "decode_tokens_per_second": statistics.median(gen),
+            "token_read_bytes": per_token,
+            "decode_limit_tokens_per_second": limit,
+            "decode_share_of_limit": statistics.median(gen) / limit,
             "peak_rss_bytes": max(rss) * 1024,
         }
     return out
@@ -94,8 +117,10 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {subprocess.getoutput('nproc')} cores",
         "command": "python " + " ".join(__import__("sys").argv),
         "threads": args.threads,
+        "read_bandwidth": read_bandwidth(args.threads),
         "models": {},
     }
+    bandwidth = results["read_bandwidth"]["read_GBps"] * 1e9
     for spec in args.model:
         name, path = spec.split("=", 1)
         model = Path(path)
@@ -103,10 +128,10 @@ def main() -> None:
         rng = random.Random(1)
         ids = [rng.randrange(2, vocab) for _ in range(POSITIONS)]
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
-        eng = bench_engine(args.coli, model, ids, args.threads, args.repeat)
+        eng = bench_engine(args.coli, model, ids, args.threads, args.repeat, bandwidth)
         row: dict[str, Any] = {"weights_bytes": weights, "engine": eng}
         if args.baseline:
-            row["baseline"] = bench_engine(args.baseline, model, ids, args.threads, args.repeat)
+            row["baseline"] = bench_engine(args.baseline, model, ids, args.threads, args.repeat, bandwidth)
         row["peak_rss_over_weights_f32"] = eng["f32"]["peak_rss_bytes"] / weights
         if not args.engine_only:
             hf = row["transformers"] = bench_transformers(model, ids, args.threads, args.repeat)

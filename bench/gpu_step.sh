@@ -58,7 +58,7 @@ r = {k: d.get(k) for k in keep}
 r['label'] = '$label'
 r['prefill_tokens_per_second'] = d['positions'] / d['prefill_seconds']
 r['generated'] = hash(tuple(d['generated'])) % 10**8
-if d.get('token_weight_bytes'):  # the limit: what a token reads (weights, and the cache at the mean position)
+if d['tier'] == 'step':  # the limit: what a token reads (weights, and the cache at the mean position)
     per_token = d['token_weight_bytes'] + d['kv_bytes_per_position'] * ($n + $g / 2)
     r['limit_tokens_per_second'] = copy / per_token
 print(json.dumps(r))" | tee -a "$out/step.jsonl"

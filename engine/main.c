@@ -328,9 +328,10 @@ int main(int argc, char **argv) {
         printf(", \"tier\": \"%s\", \"step_ops\": %lld, \"resident_bytes\": %llu, \"round_trips\": %lld", tier,
                (long long)model_step_ops(&m), (unsigned long long)m.resident_bytes, (long long)m.round_trips);
         if (!teacher && generate > 1) printf(", \"decode_round_trips\": %lld", (long long)m.round_trips);
-        if (m.step)
-            printf(", \"token_weight_bytes\": %llu, \"kv_bytes_per_position\": %llu",
-                   (unsigned long long)m.token_weight_bytes, (unsigned long long)m.kv_bytes_per_position);
+        /* what a decoded token reads: the step's resident sizes, else the weights where they are */
+        printf(", \"token_weight_bytes\": %llu, \"kv_bytes_per_position\": %llu",
+               (unsigned long long)(m.step ? m.token_weight_bytes : model_token_bytes(&m)),
+               (unsigned long long)model_kv_bytes_per_position(&m));
         printf(", \"resident_tensors\": %d, \"device\": ", m.resident);
         json_string(stdout, device_name);
         printf(", \"quant\": \"%s\", \"threads\": %d, \"positions\": %lld, \"load_seconds\": %.6f}\n", quant_name,

@@ -115,4 +115,11 @@ int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, i
 int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
 int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one */
 
+/* What a decoded token reads (model_bytes.c): its weights wherever they are, in
+ * their format (the routed experts by the token's k of E), and the caches' bytes per
+ * position over all layers. */
+uint64_t model_weight_bytes(int64_t rows, int64_t cols, int format, int32_t group);
+uint64_t model_token_bytes(const model *m);
+uint64_t model_kv_bytes_per_position(const model *m);
+
 #endif

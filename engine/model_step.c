@@ -122,13 +122,6 @@ static int upload(model *m, const linear *l, const float *f32, int64_t rows, int
 
 /* ---- what the step needs, before anything is uploaded ---------------------- */
 
-static uint64_t weight_bytes(int64_t rows, int64_t cols, int format, int32_t group) {
-    const uint64_t n = (uint64_t)rows * (uint64_t)cols;
-    if (format == COLI_FMT_F32) return n * 4;
-    if (format == COLI_FMT_Q8) return n + (uint64_t)rows * 4;
-    return n / 2 + (uint64_t)rows * (uint64_t)(cols / group) * 4;
-}
-
 static void plan_arena(const model *m, int64_t n, arena_map *a) {
     const model_config *c = &m->c;
     const int64_t qk = c->qk_nope + c->qk_rope, NH = c->heads;
@@ -182,7 +175,7 @@ static uint64_t step_bytes(const model *m, int64_t chunk) {
         for (int64_t k = 0; k < 3 * c->experts; k++) {
             const int64_t rows = k % 3 == 2 ? c->hidden : c->moe_intermediate, cols = c->hidden * c->moe_intermediate / rows;
             const linear *ex = ly->experts ? &ly->experts[k] : NULL;
-            total += weight_bytes(rows, cols, ex ? ex->format : COLI_FMT_F32, ex ? ex->group : 0);
+            total += model_weight_bytes(rows, cols, ex ? ex->format : COLI_FMT_F32, ex ? ex->group : 0);
         }
     }
     return total;
@@ -389,10 +382,7 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     /* what a decoded token reads: every dense linear (resident already), its embedding row, and what
      * upload_layer adds (the routers, indexer heads and the token's share of the experts) */
     m->token_weight_bytes = m->resident_bytes + (uint64_t)c->hidden * sizeof(float);
-    m->kv_bytes_per_position = 0;
-    for (int64_t l = 0; l < c->layers; l++)
-        m->kv_bytes_per_position += (uint64_t)(c->heads * (c->qk_nope + c->qk_rope + c->v_head) +
-                                               (c->indexer_full[l] ? c->index_head_dim : 0)) * sizeof(float);
+    m->kv_bytes_per_position = model_kv_bytes_per_position(m);
     model_step *s = calloc(1, sizeof *s);
     if (!s || !(s->layers = calloc((size_t)c->layers, sizeof *s->layers))) {
         free(s);

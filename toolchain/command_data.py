@@ -32,6 +32,7 @@ HOST_SOURCES = (
     "engine/model_load.c",
     "engine/model_forward.c",
     "engine/model_step.c",
+    "engine/model_bytes.c",
     "engine/pool.c",
     "kernels/cpu_ops.c",
     "kernels/cpu_model_ops.c",

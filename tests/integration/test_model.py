@@ -103,6 +103,42 @@ def test_the_whole_step_in_the_reference_backend_matches_the_cpu_path(sanitized:
         assert dev["decode_round_trips"] == 2 * 19 and dev["backend_calls"] == 0
 
 
+def _token_bytes_f32(model: Path) -> tuple[int, int]:
+    """What a decoded token of `model` reads at f32, from its tensors' shapes: every
+    weight once, but one row of the embedding table (and all of it as a tied lm_head)
+    and k of E of the routed experts;
+    and its caches per position (K and V expanded per head, the indexer's keys)."""
+    c = json.loads((model / "config.json").read_text())
+    total = 0
+    tensors = {k: v for f in sorted(model.glob("*.safetensors")) for k, v in stio.read(f).items()}
+    for name, (_, shape, _) in tensors.items():
+        n = 4 * (shape[0] * (shape[1] if len(shape) > 1 else 1))
+        if name == "model.embed_tokens.weight":  # a row; the whole table again when it is the lm_head too
+            n = 4 * shape[1] + (n if c.get("tie_word_embeddings") else 0)
+        elif ".mlp.experts." in name:
+            n = n * c["num_experts_per_tok"] // c["n_routed_experts"]
+        total += n
+    heads, qk, v = c["num_attention_heads"], c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["v_head_dim"]
+    full = sum(t == "full" for t in c["indexer_types"])
+    return total, 4 * (c["num_hidden_layers"] * heads * (qk + v) + full * c["index_head_dim"])
+
+
+def test_the_cpu_path_reports_what_a_token_reads(sanitized: tuple[Path, Path]) -> None:
+    """`coli --json` gives every tier the bytes a decoded token reads (the limit a decode
+    figure is a share of, bench/engine_speed.py): at f32 the model's own tensors; int8
+    and int4 less, int4 least."""
+    host, _ = sanitized
+    for name in ("glm_tiny", "glm_tiny2"):
+        exp = expected(MODELS / name)
+        got = {q: run_json(host, "--model", str(MODELS / name), "--quant", q, "--ids", ids(exp["prompt"]),
+                           "--generate", "2") for q in ("f32", "int8", "int4")}  # fmt: skip
+        weights, kv = _token_bytes_f32(MODELS / name)
+        assert (got["f32"]["token_weight_bytes"], got["f32"]["kv_bytes_per_position"]) == (weights, kv), name
+        int8, int4 = (int(str(got[q]["token_weight_bytes"])) for q in ("int8", "int4"))
+        assert weights > int8 > int4 > weights / 8
+        assert all(g["kv_bytes_per_position"] == kv and g["tier"] == "cpu" for g in got.values())
+
+
 def test_threads_do_not_change_results(sanitized: tuple[Path, Path]) -> None:
     host, _ = sanitized
     exp = expected(MODELS / "glm_tiny2")
