@@ -71,14 +71,17 @@ def _rel(plan: Plan, p: str) -> str:
 
 def launcher(plan: Plan) -> tuple[list[str], dict[str, str]]:
     """The compiler cache in front of each compile (cache.launcher), and its settings: the cache
-    folder, and the project as ccache's base_dir so its paths hash relative to the checkout."""
+    folder, the project as the base folder its paths hash relative to (so a checkout elsewhere
+    hits the same objects), and the shared store (cache.remote) when there is one."""
     cache = plan.rc.config.cache
     if cache.launcher == "none":
         return [], {}
     folder = str((plan.root / cache.dir).absolute())
     if cache.launcher == "ccache":
-        return ["ccache"], {"CCACHE_DIR": folder, "CCACHE_BASEDIR": str(plan.root), "CCACHE_NOHASHDIR": "1"}
-    return ["sccache"], {"SCCACHE_DIR": folder}
+        env = {"CCACHE_DIR": folder, "CCACHE_BASEDIR": str(plan.root), "CCACHE_NOHASHDIR": "1"}
+        return ["ccache"], env | ({"CCACHE_REMOTE_STORAGE": cache.remote} if cache.remote else {})
+    env = {"SCCACHE_DIR": folder, "SCCACHE_BASEDIRS": str(plan.root)}
+    return ["sccache"], env | ({"SCCACHE_REDIS_ENDPOINT": cache.remote} if cache.remote else {})
 
 
 def _compile_apart(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -24,7 +25,7 @@ from .abi import RENDERINGS, load_abi, render_abi
 from .atomic import write_atomic
 from .build import run_command
 from .closure import closure_problems
-from .commands import Command, backend_command, backend_inputs, host_command, host_inputs
+from .commands import Command, backend_command, backend_inputs, host_command, host_inputs, launcher
 from .discover import Missing
 from .errors import ColiError, ReleaseError, ToolchainError, ValidateError, VerifyError
 from .known_bad import known_bad
@@ -463,30 +464,52 @@ class _Project:
 
     def task_preflight(self) -> dict[str, Any]:
         """Before anything compiles: refuse a known-bad toolchain combination (toolchain/data/known_bad.toml)
-        and, for a release, toolchains that differ from its lock (toolchain.lock)."""
+        and, for a release, toolchains that differ from its lock (toolchain.lock); start sccache's server."""
+        actions, fresh = self._preflight_checks()
+        if self.loaded.rc.config.cache.launcher == "sccache":
+            actions, fresh = [_guard(self._start_cache_server), *actions], False
+        return _task(actions=actions, uptodate=[fresh], verbosity=2)
+
+    def _preflight_checks(self) -> tuple[list[Any], bool]:
+        """The checks' actions, and whether they can be skipped (nothing to refuse or write)."""
         problems = known_bad([g.plan for g in self.graphs])
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            return _task(actions=[_guard(_raise, ToolchainError(problems[0] + more))], uptodate=[False])
+            return [_guard(_raise, ToolchainError(problems[0] + more))], False
         release = self.loaded.rc.config.release
         if release is None:
-            return _task(actions=[], uptodate=[True])
+            return [], True
         path = self.root / release.lock
         found = lock_of([g.plan for g in self.graphs])
         if not path.is_file():
             note = f"note: no {release.lock}: this release's toolchains are not pinned (doit lock writes it)"
             print(note, file=sys.stderr)
-            return _task(actions=[], uptodate=[True])
+            return [], True
         diffs = lock_differences(read_lock(path), found)
         if not diffs:
-            return _task(actions=[], uptodate=[True])
+            return [], True
         if release.lock_mode == "update":
-            return _task(actions=[lambda: self._write_lock(path, found, len(diffs))], uptodate=[False], verbosity=2)
+            return [lambda: self._write_lock(path, found, len(diffs))], False
         differ = ReleaseError(
             f"{release.lock}: the toolchains found differ from the lock: {'; '.join(diffs)}; "
             "doit release lock=update accepts them"
         )
-        return _task(actions=[_guard(_raise, differ)], uptodate=[False])
+        return [_guard(_raise, differ)], False
+
+    def _start_cache_server(self) -> None:
+        """sccache's server, started here with this build's settings (its store, its base folder): a
+        compile would start it inside the HIP compile's build-local TMPDIR, where its startup socket's
+        path is too long for a Unix socket."""
+        _, env = launcher(self.graphs[0].plan)
+        full = {**os.environ, **env, "SCCACHE_IDLE_TIMEOUT": "3600"}
+        try:
+            proc = subprocess.run(["sccache", "--start-server"], capture_output=True, text=True, env=full)
+            running = subprocess.run(["sccache", "--show-stats"], capture_output=True, text=True, env=full)
+        except OSError as exc:
+            raise ToolchainError(f"cache.launcher = sccache: cannot run sccache: {exc.strerror}") from None
+        if proc.returncode != 0 and running.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ToolchainError(f"cache.launcher = sccache: its server does not start: {last}")
 
     def _write_lock(self, path: Path, found: dict[str, Any], changes: int | None = None) -> None:
         write_atomic(path, render_lock(found))

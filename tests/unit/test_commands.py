@@ -85,7 +85,16 @@ def test_each_source_compiles_apart_and_the_cache_launcher_fronts_every_compile(
         assert cmd.env["CCACHE_DIR"] == cache_dir
     sc = _plan(tmp_path, {"arch": "cpu", "cache": "sccache"})
     ref = backend_command(sc, sc.backends[0], sc.backend_lib(sc.backends[0]))
-    assert ref.before[0][0] == "sccache" and ref.env == {"SCCACHE_DIR": cache_dir}
+    assert ref.before[0][0] == "sccache" and ref.env == {"SCCACHE_DIR": cache_dir, "SCCACHE_BASEDIRS": str(tmp_path)}
+    # a shared store: sccache's objects go there, ccache's there too
+    remote = tmp_path / "remote.toml"
+    remote.write_text('[cache]\nremote = "redis://127.0.0.1:6379"\n')
+    sc = _plan(tmp_path, {"arch": "cpu", "cache": "sccache"}, config=remote)
+    assert backend_command(sc, sc.backends[0], sc.backend_lib(sc.backends[0])).env["SCCACHE_REDIS_ENDPOINT"] == (
+        "redis://127.0.0.1:6379"
+    )
+    cc = _plan(tmp_path, {"arch": "cpu", "cache": "ccache"}, config=remote)
+    assert host_command(cc, cc.host_exe).env["CCACHE_REMOTE_STORAGE"] == "redis://127.0.0.1:6379"
 
 
 def test_offload_compress_where_the_compiler_has_it(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ ENV_KEYS: dict[str, str] = {
     "NVCC": "cuda.compiler",
     "COLI_CACHE": "cache.launcher",
     "COLI_CACHE_DIR": "cache.dir",
+    "COLI_CACHE_REMOTE": "cache.remote",
 }
 
 # doit command-line variable -> dotted key (`config=` picks the file itself)

