@@ -196,3 +196,15 @@ def test_schema_and_reference_are_generated_and_current() -> None:
         "`package.max_bytes`",
     ):
         assert key in reference
+
+
+@pytest.mark.parametrize("url", ["http://cache:6379", "redis://", "redis://host:6379/db two"])
+def test_a_cache_store_that_is_not_a_redis_url_is_one_line(tmp_path: Path, url: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[cache]\nremote = "{url}"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(config, {}, {})
+    line = exc.value.one_line()
+    assert f"cache.remote: '{url}' is not a Redis URL; write redis://host:port[/db]" in line and "\n" not in line
+    config.write_text('[cache]\nremote = "redis://10.0.0.5:6379/2"\n')
+    assert load_config(config, {}, {}).config.cache.remote == "redis://10.0.0.5:6379/2"

@@ -6,6 +6,7 @@ reference are generated from these models.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -132,11 +133,19 @@ class CacheSection(_Section):
     )
     remote: str = Field(
         "",
-        pattern=r"^(rediss?://\S+)?$",
         description="A cache store shared between machines, a Redis URL (redis://host:port[/db]; env "
         "COLI_CACHE_REMOTE): sccache keeps its objects there instead of in dir, ccache there besides dir; "
         "fanned-out release jobs pointed at one store compile each object once.",
     )
+
+    @field_validator("remote")
+    @classmethod
+    def _redis_url(cls, v: str) -> str:
+        if v and not re.fullmatch(r"rediss?://[^\s/]+(/\d+)?", v):
+            raise ValueError(
+                f"'{v}' is not a Redis URL; write redis://host:port[/db] (rediss:// for TLS), or leave it empty"
+            )
+        return v
 
 
 TargetName = Literal["linux-ref", "linux-hip", "linux-cuda", "windows-ref", "windows-hip", "windows-cuda"]
