@@ -65,10 +65,6 @@ def _nvcc_pass(flag: str, options: list[str]) -> list[str]:
     return out
 
 
-def _rel(plan: Plan, p: str) -> str:
-    return str(plan.root / p)
-
-
 def _relative(plan: Plan, flags: tuple[str, ...]) -> bool:
     """Under a compiler cache the compiles run from the checkout with paths relative to it
     and no -ffile-prefix-map: a checkout at another path then hashes the same (the cache
@@ -217,7 +213,7 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
             *_nvcc_pass("-Xcompiler", ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *_prefix_maps(plan)]),
             *gencode,
             *includes,
-            _rel(plan, GPU_SOURCES[0]),
+            _at(plan, GPU_SOURCES[0], False),
             "-o",
             str(obj),
         )

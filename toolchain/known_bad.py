@@ -10,7 +10,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from .arches import version_tuple
+from .arches import base_arch, version_tuple
 from .plan import BackendSpec, Plan
 
 __all__ = ["KnownBad", "Facts", "facts_of", "known_bad", "matching_rows"]
@@ -77,7 +77,7 @@ def matching_rows(facts: Facts, rows: Sequence[KnownBad] | None = None) -> list[
         w = row.when
         if ("os" in w and w["os"] != facts.os) or ("api" in w and w["api"] != facts.api):
             continue
-        if "arches" in w and not {a.split(":")[0] for a in facts.arches} & set(w["arches"]):
+        if "arches" in w and not {base_arch(a) for a in facts.arches} & set(w["arches"]):
             continue
         if any(k in w and not _in_range(facts.versions.get(k, ""), w[k]) for k in VERSION_KEYS):
             continue
