@@ -526,34 +526,54 @@ static int find_runtime_file(const char *dir, coli_hip_binding *b, char *err, si
     return 0;
 }
 
-int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
+int coli_hip_plan_bind(coli_hip_plan *p, char *err, size_t errlen) {
     int set = 0;
-    memset(b, 0, sizeof *b);
+    coli_hip_binding b;
+    memset(p, 0, sizeof *p);
+    memset(&b, 0, sizeof b);
     char *dir = read_env(COLI_HIP_RUNTIME_ENV, &set);
-    int bad = check_runtime_dir(dir, set, err, errlen) || find_runtime_file(dir, b, err, errlen);
+    p->dir_set = set;
+    p->form = coli_runtime_dir_form(set ? (dir ? dir : "") : NULL, STYLE);
+    snprintf(p->dir, sizeof p->dir, "%s", dir ? dir : "");
+    int bad = check_runtime_dir(dir, set, err, errlen) || find_runtime_file(dir, &b, err, errlen);
     free(dir);
+    memcpy(p->runtime_path, b.runtime_path, sizeof p->runtime_path);
     if (bad) return 1;
-    if (fault("file-identity") || coli_file_identity(b->runtime_path, PREFERRED_ID, &b->identity))
-        memset(&b->identity, 0, sizeof b->identity);
+    if (fault("file-identity") || coli_file_identity(b.runtime_path, PREFERRED_ID, &b.identity))
+        memset(&b.identity, 0, sizeof b.identity);
     inventory inv;
-    take_inventory(b, &inv);
+    take_inventory(&b, &inv);
+    p->identity = b.identity;
+    p->read = inv.read;
+    p->mapped = inv.list;
+    p->decision = inv.decision;
+    return 0;
+}
+
+int coli_hip_bind(coli_hip_binding *b, char *err, size_t errlen) {
+    coli_hip_plan p;
+    memset(b, 0, sizeof *b);
+    if (coli_hip_plan_bind(&p, err, errlen)) return 1;
+    memcpy(b->runtime_path, p.runtime_path, sizeof b->runtime_path);
+    b->identity = p.identity;
     int rc = 0;
-    if (inv.decision == BIND_REUSE) {
+    if (p.decision == BIND_REUSE) {
         /* the configured file is the one mapped: this host takes its own reference to it */
         b->reused = 1;
-        if (!(b->runtime = reference_mapped(inv.list.items[0].path))) {
-            snprintf(err, errlen, "[HIP] cannot take a reference to the mapped runtime %s", inv.list.items[0].path);
+        if (!(b->runtime = reference_mapped(p.mapped.items[0].path))) {
+            snprintf(err, errlen, "[HIP] cannot take a reference to the mapped runtime %s", p.mapped.items[0].path);
             rc = 1;
         }
-    } else if (inv.decision != BIND_LOAD) {
-        rc = reject(err, errlen, b, &inv, "before loading");
+    } else if (p.decision != BIND_LOAD) {
+        coli_bind_refusal("before loading", p.runtime_path, &p.identity, p.read, &p.mapped, p.decision, err, errlen);
+        rc = 1;
     } else if (!(b->runtime = open_runtime(b->runtime_path))) {
         char why[600];
         coli_loader_error(b->runtime_path, why, sizeof why);
         snprintf(err, errlen, "[HIP] cannot load the runtime %s: %s", b->runtime_path, why);
         rc = 1;
     }
-    coli_runtime_list_free(&inv.list);
+    coli_runtime_list_free(&p.mapped);
     /* the path was checked before it was loaded: prove what actually mapped */
     if (!rc && coli_hip_verify(b, b->reused ? "after the runtime was referenced" : "after the runtime loaded", err, errlen)) {
         coli_hip_release(b);

@@ -129,6 +129,25 @@ bind_decision coli_bind_judge(const coli_file_id *configured, int read, const co
 void coli_bind_refusal(const char *stage, const char *configured_path, const coli_file_id *configured, int read,
                        const coli_runtime_list *list, bind_decision decision, char *err, size_t errlen);
 
+/* What coli_hip_bind would do, decided and not done: COLI_HIP_RUNTIME_DIR and its file
+ * checked, the configured file's identity read and the mapped runtimes inventoried, as
+ * the bind does before it loads anything (`coli doctor` shows it). */
+typedef struct coli_hip_plan {
+    char dir[4096];          /* COLI_HIP_RUNTIME_DIR as UTF-8 ("" when unset) */
+    int dir_set;
+    dir_form form;
+    char runtime_path[4096]; /* the configured file ("" when the folder was refused) */
+    coli_file_id identity;   /* FILE_ID_NONE when it cannot be read */
+    int read;                /* the module list was read whole */
+    coli_runtime_list mapped;
+    bind_decision decision;
+} coli_hip_plan;
+
+/* 0 with the plan (free p->mapped with coli_runtime_list_free); 1 with the line in
+ * `err` when the folder or the file in it is wrong: then only the folder's fields are
+ * set and nothing was inventoried. */
+int coli_hip_plan_bind(coli_hip_plan *p, char *err, size_t errlen);
+
 #if defined(COLI_BINDING_FAULTS)
 /* Test builds only (the contract harness): makes one system call of the binding
  * fail as the OS can. "snapshot", "enumerate", "alloc", "module-path" and

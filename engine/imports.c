@@ -95,6 +95,7 @@ static int elf_imports(const image *im, const uint8_t *eh, int (*each)(const cha
 
 typedef struct pe_sections {
     uint32_t va[PE_MAX_SECTIONS], vsize[PE_MAX_SECTIONS], raw[PE_MAX_SECTIONS], rawsize[PE_MAX_SECTIONS];
+    char name[PE_MAX_SECTIONS][9];
     int n;
 } pe_sections;
 
@@ -131,27 +132,40 @@ static int pe_descriptors(const image *im, const pe_sections *s, uint32_t rva, u
     return 0;
 }
 
-static int pe_imports(const image *im, const uint8_t *mz, int (*each)(const char *, void *), void *ctx,
+/* The optional header (into opt, 240 bytes; its size in *opt_size) and the section table. */
+static int pe_headers(const image *im, const uint8_t *mz, uint8_t *opt, uint16_t *opt_size, pe_sections *s,
                       const char **why) {
     const uint32_t pe = u32(mz + 0x3C);
     uint8_t coff[24];
     if (read_at(im, pe, coff, sizeof coff) || memcmp(coff, "PE\0\0", 4)) return *why = "not a PE image", -1;
-    const uint16_t nsections = u16(coff + 6), opt_size = u16(coff + 20);
-    uint8_t opt[240];
-    if (opt_size < 112 || opt_size > sizeof opt || read_at(im, pe + 24, opt, opt_size))
+    const uint16_t nsections = u16(coff + 6);
+    *opt_size = u16(coff + 20);
+    if (*opt_size < 112 || *opt_size > 240 || read_at(im, pe + 24, opt, *opt_size))
         return *why = "its optional header is malformed", -1;
     if (u16(opt) != 0x20B) return *why = "not a PE32+ (64-bit) image", -1;
-    const uint64_t base = u64(opt + 24);
-    const uint32_t ndirs = u32(opt + 108);
-    pe_sections s = {.n = 0};
+    s->n = 0;
     if (nsections > PE_MAX_SECTIONS) return *why = "it has too many sections", -1;
     for (uint16_t i = 0; i < nsections; i++) {
         uint8_t sh[40];
-        if (read_at(im, (uint64_t)pe + 24 + opt_size + (uint64_t)i * 40, sh, sizeof sh))
+        if (read_at(im, (uint64_t)pe + 24 + *opt_size + (uint64_t)i * 40, sh, sizeof sh))
             return *why = "its section table is cut off", -1;
-        s.vsize[s.n] = u32(sh + 8), s.va[s.n] = u32(sh + 12), s.rawsize[s.n] = u32(sh + 16), s.raw[s.n] = u32(sh + 20);
-        s.n++;
+        s->vsize[s->n] = u32(sh + 8), s->va[s->n] = u32(sh + 12), s->rawsize[s->n] = u32(sh + 16);
+        s->raw[s->n] = u32(sh + 20);
+        memcpy(s->name[s->n], sh, 8);
+        s->name[s->n][8] = 0;
+        s->n++;
     }
+    return 0;
+}
+
+static int pe_imports(const image *im, const uint8_t *mz, int (*each)(const char *, void *), void *ctx,
+                      const char **why) {
+    uint8_t opt[240];
+    uint16_t opt_size;
+    pe_sections s;
+    if (pe_headers(im, mz, opt, &opt_size, &s, why)) return -1;
+    const uint64_t base = u64(opt + 24);
+    const uint32_t ndirs = u32(opt + 108);
     int stop = 0;
     for (int delay = 0; delay < 2 && !stop; delay++) {
         const uint32_t dir = delay ? 13 : 1; /* IMAGE_DIRECTORY_ENTRY_DELAY_IMPORT, _IMPORT */
@@ -162,21 +176,97 @@ static int pe_imports(const image *im, const uint8_t *mz, int (*each)(const char
     return 0;
 }
 
+/* ---- sections by name ----------------------------------------------------------------- */
+
+#define SECTION_MAX_BYTES ((uint64_t)1 << 31)
+
+/* The section's place in the file: 1 found, 0 absent, -1 malformed. */
+static int elf_section(const image *im, const uint8_t *eh, const char *want, uint64_t *off, uint64_t *size,
+                       const char **why) {
+    if (eh[4] != 2 || eh[5] != 1) return *why = "not a 64-bit little-endian ELF file", -1;
+    const uint64_t shoff = u64(eh + 40);
+    const uint16_t shentsize = u16(eh + 58), shnum = u16(eh + 60), shstrndx = u16(eh + 62);
+    if (!shoff || !shnum) return 0; /* stripped of its section table: nothing to find */
+    if (shentsize < 64 || shstrndx >= shnum) return *why = "its section headers are malformed", -1;
+    uint8_t sh[64];
+    if (read_at(im, shoff + (uint64_t)shstrndx * shentsize, sh, sizeof sh))
+        return *why = "its section headers are cut off", -1;
+    const uint64_t names = u64(sh + 24), names_size = u64(sh + 32);
+    for (uint16_t i = 0; i < shnum; i++) {
+        char name[64];
+        if (read_at(im, shoff + (uint64_t)i * shentsize, sh, sizeof sh))
+            return *why = "its section headers are cut off", -1;
+        if (u32(sh) >= names_size || read_name(im, names + u32(sh), name, sizeof name)) continue; /* not ours */
+        if (strcmp(name, want) || u32(sh + 4) == 8 /* SHT_NOBITS */) continue;
+        *off = u64(sh + 24), *size = u64(sh + 32);
+        return 1;
+    }
+    return 0;
+}
+
+static int pe_section(const image *im, const uint8_t *mz, const char *want, uint64_t *off, uint64_t *size,
+                      const char **why) {
+    uint8_t opt[240];
+    uint16_t opt_size;
+    pe_sections s;
+    if (pe_headers(im, mz, opt, &opt_size, &s, why)) return -1;
+    for (int i = 0; i < s.n; i++)
+        if (!strcmp(s.name[i], want)) {
+            /* the raw size is rounded up to the file alignment; the virtual size is the data's */
+            *off = s.raw[i];
+            *size = s.vsize[i] && s.vsize[i] < s.rawsize[i] ? s.vsize[i] : s.rawsize[i];
+            return 1;
+        }
+    return 0;
+}
+
+/* The file opened with its size and first 64 bytes; -1 with `why` when it is no image. */
+static int open_image(const char *path, image *im, uint8_t head[64], const char **why) {
+    im->f = coli_fopen(path, "rb");
+    im->size = 0;
+    if (!im->f) return *why = "cannot open it", -1;
+    if (fseek(im->f, 0, SEEK_END) == 0) im->size = ftell(im->f);
+    if (im->size < 64 || read_at(im, 0, head, 64)) return *why = "too short for an ELF or PE image", -1;
+    if (memcmp(head, "\177ELF", 4) && !(head[0] == 'M' && head[1] == 'Z'))
+        return *why = "neither an ELF shared object nor a PE image", -1;
+    return 0;
+}
+
+int coli_image_section(const char *path, const char *elf_name, const char *pe_name, uint8_t **data, size_t *size,
+                       char *err, size_t errlen) {
+    image im;
+    uint8_t head[64];
+    const char *why = NULL;
+    uint64_t off = 0, n = 0;
+    int rc = -1;
+    *data = NULL, *size = 0;
+    if (!open_image(path, &im, head, &why)) {
+        rc = head[0] == 'M' ? pe_section(&im, head, pe_name, &off, &n, &why)
+                            : elf_section(&im, head, elf_name, &off, &n, &why);
+        if (rc == 1 && n > SECTION_MAX_BYTES) rc = -1, why = "its device-code section is larger than 2 GiB";
+        if (rc == 1 && !(*data = malloc(n ? (size_t)n : 1))) rc = -1, why = "out of memory for its section";
+        if (rc == 1 && read_at(&im, off, *data, (size_t)n)) rc = -1, why = "its section lies past the file's end";
+        if (rc == 1) *size = (size_t)n;
+    }
+    if (im.f) fclose(im.f);
+    if (rc < 0) {
+        free(*data);
+        *data = NULL;
+        snprintf(err, errlen, "%s", why ? why : "its sections cannot be read");
+    }
+    return rc;
+}
+
 int coli_imports_each(const char *path, int (*each)(const char *name, void *ctx), void *ctx, char *err, size_t errlen) {
-    image im = {coli_fopen(path, "rb"), 0};
+    image im;
+    uint8_t head[64];
     const char *why = NULL;
     int rc = -1;
-    uint8_t head[64];
-    if (!im.f) {
-        snprintf(err, errlen, "cannot open it to read its import table");
-        return -1;
-    }
-    if (fseek(im.f, 0, SEEK_END) == 0) im.size = ftell(im.f);
-    if (im.size < (long)sizeof head || read_at(&im, 0, head, sizeof head)) why = "too short for an ELF or PE image";
-    else if (!memcmp(head, "\177ELF", 4)) rc = elf_imports(&im, head, each, ctx, &why);
-    else if (head[0] == 'M' && head[1] == 'Z') rc = pe_imports(&im, head, each, ctx, &why);
-    else why = "neither an ELF shared object nor a PE image";
-    fclose(im.f);
+    if (open_image(path, &im, head, &why) == 0)
+        rc = head[0] == 'M' ? pe_imports(&im, head, each, ctx, &why) : elf_imports(&im, head, each, ctx, &why);
+    else if (!im.f)
+        why = "cannot open it to read its import table";
+    if (im.f) fclose(im.f);
     if (rc) snprintf(err, errlen, "%s", why ? why : "its import table cannot be read");
     return rc;
 }

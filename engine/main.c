@@ -1,7 +1,8 @@
 /* coli: the engine's command line. Other tools call it exactly like this:
  *   coli --model DIR --ids 5,17,42 --teacher-force --json
  *   coli --model DIR --ids 5,17,42 --generate N --json
- *   coli --backend PATH --selftest [--shapes core|gpu] [--json] */
+ *   coli --backend PATH --selftest [--shapes core|gpu] [--json]
+ *   coli doctor [--json] */
 #if !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -17,6 +18,7 @@
 #endif
 
 #include "clock.h"
+#include "doctor.h"
 #include "utf8.h"
 #include "json_out.h"
 #include "loader.h"
@@ -32,6 +34,7 @@ enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 static const char USAGE[] =
     "usage: coli --model DIR --ids 5,17,42 (--teacher-force | --generate N) [options]\n"
     "       coli --backend PATH --selftest [--shapes core|gpu] [--json] [--device N]\n"
+    "       coli doctor [--json]   why the GPU tier would or would not run here\n"
     "       coli --version\n"
     "options:\n"
     "  --model DIR        config.json + model.safetensors (or shards with model.safetensors.index.json)\n"
@@ -131,6 +134,11 @@ static void print_phases(FILE *f, const char *key, const double *phase, double t
 
 int main(int argc, char **argv) {
     argv = coli_args_utf8(&argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "doctor")) {
+        if (argc > 3 || (argc == 3 && strcmp(argv[2], "--json")))
+            return usage_error("doctor takes only --json", argc > 2 ? argv[2] : NULL);
+        return coli_doctor(argc == 3, stdout);
+    }
     const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
     int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count(), whole_step = 1;
     long generate = -1, v;

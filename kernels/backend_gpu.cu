@@ -84,6 +84,35 @@ COLI_API coli_status coli_device_describe(int32_t device, coli_device_info *info
     return COLI_OK;
 }
 
+/* What `coli doctor` shows of the runtime: asking it for its devices starts it, but selects
+ * and allocates nothing, so a runtime that cannot start is described, not failed. */
+COLI_API coli_status coli_runtime_describe(coli_runtime_info *info) {
+    int runtime = 0, driver = 0, n = 0;
+    if (!info) return coli_fail(COLI_E_INVALID, "runtime_describe: null info");
+    memset(info, 0, sizeof *info);
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) info->runtime_version = runtime;
+    if (cudaDriverGetVersion(&driver) == cudaSuccess) info->driver_version = driver;
+    /* with no driver at all the runtime says the same, and gives the driver's version as 0 */
+    info->driver_too_old = e == cudaErrorInsufficientDriver && driver > 0;
+    info->device_status = (int32_t)e;
+    const char *name = cudaGetErrorName(e), *words = cudaGetErrorString(e);
+    if (e != cudaSuccess && strcmp(name, words))
+        snprintf(info->device_error, sizeof info->device_error, "%s: %s", name, words);
+    else if (e != cudaSuccess)
+        snprintf(info->device_error, sizeof info->device_error, "%s", name);
+    (void)cudaGetLastError(); /* the count's error is reported here, not left for the next call */
+    return COLI_OK;
+}
+
+COLI_API coli_status coli_device_integrated(int32_t device, int32_t *integrated) {
+    cudaDeviceProp prop;
+    if (!integrated) return coli_fail(COLI_E_INVALID, "device_integrated: null integrated");
+    GPU_CHECK(cudaGetDeviceProperties(&prop, device));
+    *integrated = prop.integrated != 0;
+    return COLI_OK;
+}
+
 COLI_API coli_status coli_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
     if (!free_bytes || !total_bytes) return coli_fail(COLI_E_INVALID, "memory_info: null argument");

@@ -83,6 +83,20 @@ COLI_API coli_status coli_device_describe(int32_t device, coli_device_info *info
     return COLI_OK;
 }
 
+/* The CPU has no runtime of its own to report: versions 0, its one device always there. */
+COLI_API coli_status coli_runtime_describe(coli_runtime_info *info) {
+    if (!info) return coli_fail(COLI_E_INVALID, "runtime_describe: null info");
+    memset(info, 0, sizeof *info);
+    return COLI_OK;
+}
+
+COLI_API coli_status coli_device_integrated(int32_t device, int32_t *integrated) {
+    if (!integrated) return coli_fail(COLI_E_INVALID, "device_integrated: null integrated");
+    if (device != 0) return coli_fail(COLI_E_INVALID, "device_integrated: no device %d", (int)device);
+    *integrated = 1;
+    return COLI_OK;
+}
+
 COLI_API coli_status coli_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
     if (!free_bytes || !total_bytes) return coli_fail(COLI_E_INVALID, "memory_info: null argument");
     *total_bytes = device_limit(); /* 0: host memory, not tracked */

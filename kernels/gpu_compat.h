@@ -12,6 +12,10 @@
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
 #define cudaErrorNoDevice hipErrorNoDevice
+#define cudaErrorInsufficientDriver hipErrorInsufficientDriver
+#define cudaGetErrorName hipGetErrorName
+#define cudaRuntimeGetVersion hipRuntimeGetVersion
+#define cudaDriverGetVersion hipDriverGetVersion
 #define cudaGetErrorString hipGetErrorString
 #define cudaGetDeviceCount hipGetDeviceCount
 #define cudaSetDevice hipSetDevice

@@ -174,6 +174,10 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
             "-DCOLI_BUILDING_BACKEND=1",
             "-Dcoli_backend_name=coli_backend_name_ref",
             "-Dcoli_abi_version=coli_abi_version_ref",
+            *(
+                f"-Dcoli_{f}=coli_{f}_ref"
+                for f in ("device_count", "device_describe", "device_integrated", "runtime_describe")
+            ),
             "-c",
             k,
             "-o",
@@ -205,3 +209,17 @@ def build(platform: Platform, base: Path, gen_dir: Path) -> Fixtures:
     fx.harness_sources = harness
     shutil.rmtree(src)
     return fx
+
+
+def build_host(fx: Fixtures, gen_dir: Path, where: Path | None = None) -> Path:
+    """The real host (coli / coli.exe), built once into `where` (the fixtures' app folder
+    unless given) with the platform's compiler."""
+    from toolchain.command_data import HOST_SOURCES
+
+    p = fx.platform
+    host = (where or fx.app) / f"coli{p.exe}"
+    if not host.exists():
+        extra = ["-static", "-lshell32", "-lversion"] if p.windows else []
+        inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+        _cc(p, *inc, *(ROOT / s for s in HOST_SOURCES), "-o", host, *extra, "-lm", "-lpthread")
+    return host

@@ -127,7 +127,7 @@ def host_command(plan: Plan, output: Path) -> Command:
     steps, objs = _compile_apart(plan, [str(plan.host_cc.path)], flags, HOST_SOURCES, objdir, rel)
     argv = [str(plan.host_cc.path), *cfg.profile.cflags, *objs, "-o", str(output)]
     if plan.windows:
-        argv += ["-static", "-Wl,--no-insert-timestamp", "-lshell32"]
+        argv += ["-static", "-Wl,--no-insert-timestamp", "-lshell32", "-lversion"]
     else:
         argv += ["-Wl,--build-id=none"]
     argv += ["-lm", "-lpthread"]

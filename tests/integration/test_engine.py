@@ -117,6 +117,35 @@ def test_a_backend_of_another_major_is_refused(gen_dir: Path, sanitized: tuple[P
         assert proc.returncode == 0 and needle in proc.stderr and json.loads(proc.stdout)["tier"] == "cpu"
 
 
+def test_a_backend_of_an_older_minor_runs_without_what_it_predates(
+    gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A backend of minor 0 in this host: it runs, and the optional functions of later
+    minors that it exports anyway are not its ABI, so they are never called. `coli doctor`
+    shows it: beside coli as its CUDA backend, a minor-0 build has no runtime description
+    and cannot say whether its device is integrated; the same backend at this minor can."""
+    import shutil
+
+    abi = load_abi(ROOT / "kernels/abi.toml")
+    assert abi.minor >= 1
+    old = ref_backend_of_version(gen_dir, tmp_path, abi.major << 16)
+    proc = run(sanitized[0], "--backend", str(old), "--selftest", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["passed"] is True, proc.stderr
+    seen = {}
+    for name, lib in (("old", old), ("new", sanitized[1])):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(sanitized[0], folder / "coli")
+        shutil.copy(lib, folder / "libcoli_cuda.so")
+        proc = run(folder / "coli", "doctor", "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (seen[name],) = [b for b in json.loads(proc.stdout)["backends"] if b["api"] == "cuda"]
+    assert seen["old"]["abi"] == f"{abi.major}.0" and "runtime" not in seen["old"]
+    assert seen["old"]["gpus"][0]["integrated"] is None and seen["old"]["gpus"][0]["has_code"] is None
+    assert seen["new"]["abi"] == f"{abi.major}.{abi.minor}" and seen["new"]["runtime"]["version"] == 0
+    assert seen["new"]["gpus"][0]["integrated"] is True and seen["new"]["gpus"][0]["arch"] == "cpu"
+
+
 def test_a_host_of_abi_1_refuses_this_backend(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
     """The reverse: the loader of a 1.x host (rendered from the last 1.x abi.toml, kept
     as a fixture) refuses this backend by its version before calling anything else."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_tool
-from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build, doc_table
+from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build, build_host, doc_table
 from toolchain.wine import warm
 
 pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
@@ -50,7 +50,7 @@ def test_fixture_structure(fx: Fixtures, gen_dir: Path) -> None:
     abi = load_abi(ROOT / "kernels/abi.toml")
     backend = read_binary(fx.app / fx.platform.backend)
     assert set(abi.exports) | {"coli_test_bound_runtime"} == set(backend.exports)
-    assert len(abi.exports) == 26
+    assert len(abi.exports) == 28
     # no _name@N stdcall decoration, no C++ mangling: the names the loader asks for
     assert all(re.fullmatch(r"coli_[a-z0-9_]+", name) for name in backend.exports), backend.exports
     if fx.platform.windows:
@@ -773,17 +773,9 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
     import subprocess
 
     from tests.conftest import ROOT
-    from toolchain import commands
 
     p = fx.platform
-    host = fx.app / f"coli{p.exe}"
-    if not host.exists():
-        extra = ["-D__USE_MINGW_ANSI_STDIO=1", "-static", "-static-libgcc", "-lshell32"] if p.windows else []
-        inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
-        sources = [str(ROOT / s) for s in commands.HOST_SOURCES]
-        argv = [p.cc, "-std=c11", "-O2", *inc, *sources, "-o", str(host), *extra, "-lm", "-lpthread"]
-        proc = subprocess.run(argv, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
+    host = build_host(fx, gen_dir)
     # the fault points are the harness's alone: the host holds none of their names
     for fault in (b"module-path", b"module-identity", b"file-identity"):
         assert fault in fx.harness.read_bytes() and fault not in host.read_bytes(), fault
