@@ -319,10 +319,11 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         END();
     }
     static const char *names[] = {"f32", "int8", "int4"};
-    /* int4 rows of 256 in groups of 32, which the GPU keeps in its mma layout; 3 rows of 2
-     * reach the GPU's experts grouped (experts 1 and 4 with more than one row), 1 row not */
+    /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
+     * in its mma layout; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
+     * more than one row), 1 row not */
     static const struct { int fmt; int64_t inter, hid, rows; int32_t group; } variants[] = {
-        {0, 24, 40, 3, 8}, {1, 24, 40, 3, 8}, {2, 24, 40, 3, 8}, {2, 64, 256, 3, 32}, {1, 24, 40, 1, 8}, {2, 64, 256, 1, 32}};
+        {0, 24, 40, 3, 8}, {1, 24, 40, 3, 8}, {2, 24, 40, 3, 8}, {2, 128, 256, 3, 32}, {1, 24, 40, 1, 8}, {2, 128, 256, 1, 32}};
     for (int vi = 0; vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
         const int fmt = variants[vi].fmt;
         const int32_t G = variants[vi].group;

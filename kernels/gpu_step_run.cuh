@@ -278,8 +278,14 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
             (int)pairs, (int)experts);
         launch_early(chain_calls(), moe_tile_kernel<FORMAT, true>, dim3(up_blocks, tiles), dim3(STEP_THREADS), 0, st,
             table, a.x, g->moe_order, list, count, g->moe_gu, a.k, inter, hid);
-        launch_early(chain_calls(), moe_tile_kernel<FORMAT, false>, dim3(down_blocks, tiles), dim3(STEP_THREADS), 0,
-            st, table, g->moe_gu, g->moe_order, list, count, g->moe_eo, a.k, hid, inter);
+        const coli_weight *down = o->w[2];
+        if (moe_rows_path(FORMAT, inter, down->group, down->layout))
+            launch_early(chain_calls(), moe_down_rows_kernel<FORMAT>, dim3(blocks_for(hid), tiles), dim3(STEP_THREADS),
+                (size_t)(MOE_TILE * inter) * sizeof(float), st, table, g->moe_gu, g->moe_order, list, count, g->moe_eo,
+                hid, inter);
+        else
+            launch_early(chain_calls(), moe_tile_kernel<FORMAT, false>, dim3(down_blocks, tiles), dim3(STEP_THREADS),
+                0, st, table, g->moe_gu, g->moe_order, list, count, g->moe_eo, a.k, hid, inter);
         launch_early(chain_calls(), moe_combine_kernel, dim3(blocks_for(hid), (unsigned)a.rows), dim3(STEP_THREADS), 0,
             st, g->moe_eo, a.idx, a.w, a.out, a.k, hid, experts);
         return;

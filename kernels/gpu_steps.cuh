@@ -434,6 +434,58 @@ __global__ void moe_tile_kernel(const dev_weight *ws, const float *in, const int
     }
 }
 
+/* Whether moe_down_rows_kernel reads this down weight: whole words a row, in the ABI's
+ * or the mma layout, and a tile's gu rows small enough to stage (MOE_STAGE_BYTES). */
+#define MOE_STAGE_BYTES (32 * 1024)
+static inline bool moe_rows_path(int32_t format, int64_t cols, int32_t group, int32_t layout) {
+    const int per_word = format == COLI_FMT_Q4 ? 8 : format == COLI_FMT_Q8 ? 4 : 1;
+    return layout != TILE_LAYOUT && cols % per_word == 0 && (format != COLI_FMT_Q4 || group % per_word == 0) &&
+           cols * MOE_TILE * (int64_t)sizeof(float) <= MOE_STAGE_BYTES;
+}
+
+/* The grouped path's down projections, a thread an output row over its tile's pairs:
+ * the tile's gu rows staged in shared memory (every thread of a warp reads the same
+ * value: a broadcast), each weight word read once and used for all of the tile's
+ * pairs. The warp-a-row form (moe_tile_kernel) reduces a 128-wide dot a pair across
+ * a warp, whose shuffles cost more than its reads. The same sums as weight_row_dot
+ * (a word's products, times its group's scale; the row's scale last), in word order. */
+template <int FORMAT>
+__global__ void moe_down_rows_kernel(const dev_weight *ws, const float *gu, const int32_t *order, const int32_t *tiles,
+                                     const int32_t *n_tiles, float *eo, int64_t rows, int64_t cols) {
+    STEP_KERNEL_BEGIN();
+    extern __shared__ float stage[]; /* [pair of the tile][cols] */
+    constexpr int PW = fmt<FORMAT>::per_word;
+    const int t = blockIdx.y;
+    if (t >= *n_tiles) return;
+    const int e = tiles[3 * t], s0 = tiles[3 * t + 1], n = tiles[3 * t + 2] - s0;
+    for (int64_t i = threadIdx.x; i < n * cols; i += blockDim.x) stage[i] = gu[(int64_t)order[s0 + i / cols] * cols + i % cols];
+    __syncthreads();
+    const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const dev_weight &w = ws[3 * e + 2];
+    const int64_t per_row = cols / PW;
+    const uint32_t *q = (const uint32_t *)w.q + r * per_row;
+    float acc[MOE_TILE];
+#pragma unroll
+    for (int p = 0; p < MOE_TILE; p++) acc[p] = 0.0f;
+    for (int64_t wn = 0; wn < per_row; wn++) {
+        float v[PW];
+        /* the mma layout keeps a row's words within its 16-word chunks: the map is per row */
+        dequant<FORMAT>(q[w.layout ? mma_word(wn) : wn], v);
+        const float scale = FORMAT == COLI_FMT_Q4 ? w.scale[r * (cols / w.group) + wn * PW / w.group] : 1.0f;
+        const float *xs = stage + wn * PW;
+#pragma unroll
+        for (int p = 0; p < MOE_TILE; p++) {
+            if (p >= n) break;
+            float part = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PW; k++) part += v[k] * xs[p * cols + k];
+            acc[p] += FORMAT == COLI_FMT_Q4 ? part * scale : part;
+        }
+    }
+    for (int p = 0; p < n; p++) eo[(int64_t)order[s0 + p] * rows + r] = FORMAT == COLI_FMT_Q8 ? acc[p] * w.scale[r] : acc[p];
+}
+
 /* eo[pair][d], the grouped path's down projections. */
 struct part_row {
     const float *eo;

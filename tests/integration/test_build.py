@@ -73,6 +73,36 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
             assert "GPU tier disabled" in backend["reason"]
 
 
+def test_coli_doctor_in_the_real_packages(built_project: Path, tmp_path: Path) -> None:
+    """The packages as a user unpacks them, under the real coli doctor: the real HIP
+    backend binds Debian's real ROCm runtime, its device code is read from the file, and
+    with no GPU here the verdict is the runtime's own; the CUDA one has no driver here."""
+    import os
+    import subprocess
+
+    reports = {}
+    for key in ("hip-gfx1030_gfx90a", "cuda-sm_80_sm_90"):
+        with tarfile.open(package(built_project, key)) as tf:
+            tf.extractall(tmp_path, filter="data")
+        folder = tmp_path / f"coli-0.1.0-{PLATFORM}-{key}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COLI_")}
+        env["COLI_HIP_RUNTIME_DIR"] = "/usr/lib/x86_64-linux-gnu"
+        proc = subprocess.run([str(folder / "coli"), "doctor", "--json"], capture_output=True, text=True, env=env)
+        reports[key.split("-")[0]] = proc.returncode, json.loads(proc.stdout)
+    rc, hip = reports["hip"]
+    (b,) = [b for b in hip["backends"] if b["present"]]
+    assert (b["api"], b["abi"], b["name"], b["hip_runtime"]) == ("hip", hip["abi"], "hip", "libamdhip64.so.5")
+    assert sorted(b["device_code"]) == ["gfx1030", "gfx90a"] and b["gpus"] == []
+    assert b["runtime"]["version"] > 50000000 and "hipErrorNoDevice" in b["runtime"]["error"]
+    assert hip["hip"]["decision"] == "load" and hip["hip"]["configured_version"].startswith("5.")
+    assert rc == 1 and [v["code"] for v in hip["verdicts"] if v["level"] == "problem"] == ["no-gpu"]
+    rc, cuda = reports["cuda"]
+    (b,) = [b for b in cuda["backends"] if b["present"]]
+    assert b["abi"] == cuda["abi"] and sorted(b["device_code"]) == ["compute_90", "sm_80", "sm_90"]
+    assert b["runtime"]["driver_version"] == 0 and b["runtime"]["driver_too_old"] is False
+    assert rc == 1 and [v["code"] for v in cuda["verdicts"]] == ["no-gpu"] and cuda["hip"] is None
+
+
 def test_device_code_of_the_default_arches(built_project: Path) -> None:
     reports = built_project / "build/linux-x86_64/reports"
     hip = json.loads((reports / "verify-hip-gfx1030_gfx90a.json").read_text())
