@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static float max_abs(const float *v, int64_t n) {
     float m = 0.0f;
@@ -63,12 +64,25 @@ static float dot_f32_portable(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* int8 rows: four sets of eight lanes (set j takes elements i + 8j + k of each 32),
+ * so that four sums grow side by side instead of one; the sets are added lane by
+ * lane ((0 + 1) + (2 + 3)) before the lanes are, and a last 8-block goes to set 0. */
+#define Q8_SETS 4
+static float q8_sets_sum(const float (*acc)[8]) {
+    float l[8];
+    for (int k = 0; k < 8; k++) l[k] = (acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]);
+    return LANES_SUM(l);
+}
+
 static float dot_q8_portable(const float *x, const int8_t *q, int64_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float acc[Q8_SETS][8] = {{0}};
     int64_t i = 0;
+    for (; i + 8 * Q8_SETS <= n; i += 8 * Q8_SETS)
+        for (int j = 0; j < Q8_SETS; j++)
+            for (int k = 0; k < 8; k++) acc[j][k] += x[i + 8 * j + k] * (float)q[i + 8 * j + k];
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * (float)q[i + k];
-    float sum = LANES_SUM(acc);
+        for (int k = 0; k < 8; k++) acc[0][k] += x[i + k] * (float)q[i + k];
+    float sum = q8_sets_sum((const float(*)[8])acc);
     for (; i < n; i++) sum += x[i] * (float)q[i];
     return sum;
 }
@@ -91,11 +105,31 @@ static float dot_q4_portable(const float *x, const uint8_t *p, int32_t group) {
     return sum;
 }
 
-/* A q4 row: the sum over groups, in order, of each group's dot times its scale. */
+/* A q4 row. Groups of a multiple of 8 values: each group's eight lanes (lane k takes
+ * its elements 8i + k), times its scale, added lane by lane into the row's eight,
+ * group after group; the row's lanes summed once at the end, so no group waits for a
+ * horizontal sum. Other groups: the sum over groups, in order, of each group's dot
+ * times its scale. */
 static float row_q4_portable(const float *x, const uint8_t *p, const float *scale, int64_t groups, int32_t group) {
-    float acc = 0.0f;
-    for (int64_t g = 0; g < groups; g++) acc += dot_q4_portable(x + g * group, p + g * group / 2, group) * scale[g];
-    return acc;
+    if (group % 8) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < groups; g++) acc += dot_q4_portable(x + g * group, p + g * group / 2, group) * scale[g];
+        return acc;
+    }
+    float row[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + g * group;
+        const uint8_t *pg = p + g * group / 2;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int32_t i = 0; i < group; i += 8)
+            for (int k = 0; k < 4; k++) {
+                uint8_t b = pg[(i >> 1) + k];
+                acc[2 * k] += xg[i + 2 * k] * (float)((int)(b & 0x0F) - 8);
+                acc[2 * k + 1] += xg[i + 2 * k + 1] * (float)((int)(b >> 4) - 8);
+            }
+        for (int k = 0; k < 8; k++) row[k] += acc[k] * scale[g];
+    }
+    return LANES_SUM(row);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -113,15 +147,23 @@ __attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const 
     return sum;
 }
 
+__attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, const int8_t *q) {
+    const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    return _mm256_mul_ps(_mm256_loadu_ps(x), w);
+}
+
 __attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const int8_t *q, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + i), w));
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
+        a1 = _mm256_add_ps(a1, q8_product(x + i + 8, q + i + 8));
+        a2 = _mm256_add_ps(a2, q8_product(x + i + 16, q + i + 16));
+        a3 = _mm256_add_ps(a3, q8_product(x + i + 24, q + i + 24));
     }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
     float l[8];
-    _mm256_storeu_ps(l, acc);
+    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     float sum = LANES_SUM(l);
     for (; i < n; i++) sum += x[i] * (float)q[i];
     return sum;
@@ -161,11 +203,38 @@ __attribute__((target("avx2"))) static inline float dot_q4_avx2(const float *x, 
     return sum;
 }
 
+/* 8 values from 4 bytes as floats minus 8, in element order: lane k shifts the word to
+ * its nibble k (low nibble first) and puts it in the mantissa of 2^23, whose value is then
+ * 2^23 + n; less 2^23 + 8 that is n - 8 exactly, the float the portable loop converts.
+ * A broadcast and per-lane shifts, no byte shuffles. */
+__attribute__((target("avx2"))) static inline __m256 q4_values8(const uint8_t *p) {
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i low4 = _mm256_set1_epi32(0x0F), two23 = _mm256_set1_epi32(0x4B000000);
+    int32_t word;
+    memcpy(&word, p, sizeof word);
+    const __m256i n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), low4);
+    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(n, two23)), _mm256_set1_ps(8388616.0f));
+}
+
 __attribute__((target("avx2"))) static float row_q4_avx2(const float *x, const uint8_t *p, const float *scale,
                                                           int64_t groups, int32_t group) {
-    float acc = 0.0f;
-    for (int64_t g = 0; g < groups; g++) acc += dot_q4_avx2(x + g * group, p + g * group / 2, group) * scale[g];
-    return acc;
+    if (group % 8) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < groups; g++) acc += dot_q4_avx2(x + g * group, p + g * group / 2, group) * scale[g];
+        return acc;
+    }
+    __m256 row = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + g * group;
+        const uint8_t *pg = p + g * group / 2;
+        __m256 acc = _mm256_setzero_ps();
+        for (int32_t i = 0; i < group; i += 8) /* lane k takes elements i + k: the portable order */
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(xg + i), q4_values8(pg + (i >> 1))));
+        row = _mm256_add_ps(row, _mm256_mul_ps(acc, _mm256_set1_ps(scale[g])));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, row);
+    return LANES_SUM(l);
 }
 
 static int use_avx2(void) {
@@ -175,6 +244,13 @@ static int use_avx2(void) {
     return cached;
 }
 #endif
+
+const char *coli_cpu_loops(void) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) return "avx2";
+#endif
+    return "portable";
+}
 
 float coli_dot_f32(const float *a, const float *b, int64_t n) {
 #ifdef HAVE_AVX2_PATH

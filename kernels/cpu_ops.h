@@ -38,6 +38,10 @@ void coli_matmul_q4(const uint8_t *packed, const float *scale, int64_t rows, int
 /* a . b with eight partial sums (a fixed order, vectorisable). */
 float coli_dot_f32(const float *a, const float *b, int64_t n);
 
+/* The loops chosen at run time: "avx2", or "portable" (no AVX2, or COLI_CPU_PORTABLE=1).
+ * Both give the same bits. */
+const char *coli_cpu_loops(void);
+
 #ifdef __cplusplus
 }
 #endif

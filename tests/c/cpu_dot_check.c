@@ -1,0 +1,76 @@
+/* The CPU matmuls (kernels/cpu_ops.c) on random inputs of odd sizes: tails, one row,
+ * one column, groups of 2 to 128. Prints the loops that ran and a hash of every
+ * output's bits, so that two runs (the vector loops, and COLI_CPU_PORTABLE=1) can be
+ * compared bit for bit; each output is also checked against a double-precision sum. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+static uint64_t hash = 1469598103934665603ull;
+
+static void mix(const float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], sizeof b);
+        hash = (hash ^ b) * 1099511628211ull;
+    }
+}
+
+static float rnd(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
+
+/* |got - want| within a few float roundings of the sum of |terms| */
+static int close(float got, double want, double magnitude) {
+    return fabs((double)got - want) <= 1e-5 * magnitude + 1e-30;
+}
+
+int main(void) {
+    static const int32_t GROUPS[] = {2, 6, 8, 10, 16, 24, 32, 64, 128};
+    srand(11);
+    int checked = 0;
+    for (int it = 0; it < 3000; it++) {
+        const int32_t group = GROUPS[rand() % (int)(sizeof GROUPS / sizeof GROUPS[0])];
+        const int64_t rows = 1 + rand() % 5, s = 1 + rand() % 3;
+        const int64_t cols = it % 3 == 0 ? group * (1 + rand() % 8) : it % 3 == 1 ? 1 + rand() % 300 : 1;
+        const int q4 = cols % group == 0;
+        float *w = malloc(sizeof(float) * (size_t)(rows * cols)), *x = malloc(sizeof(float) * (size_t)(s * cols));
+        float *y = malloc(sizeof(float) * (size_t)(s * rows)), *sc = malloc(sizeof(float) * (size_t)(rows * cols + rows));
+        int8_t *q = malloc((size_t)(rows * cols));
+        uint8_t *p = malloc((size_t)(rows * cols / 2 + 1));
+        if (!w || !x || !y || !sc || !q || !p) return fprintf(stderr, "out of memory\n"), 2;
+        for (int64_t i = 0; i < rows * cols; i++) w[i] = rnd();
+        for (int64_t i = 0; i < s * cols; i++) x[i] = rnd() * 3.0f;
+        for (int fmt = 0; fmt < 3; fmt++) {
+            if (fmt == 2 && !q4) continue;
+            if (fmt == 0) coli_matmul_f32(w, rows, cols, x, s, y);
+            if (fmt == 1) coli_quantize_q8(w, rows, cols, q, sc), coli_matmul_q8(q, sc, rows, cols, x, s, y);
+            if (fmt == 2) coli_quantize_q4(w, rows, cols, group, p, sc), coli_matmul_q4(p, sc, rows, cols, group, x, s, y);
+            mix(y, s * rows);
+            for (int64_t t = 0; t < s; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    double want = 0.0, mag = 0.0;
+                    for (int64_t c = 0; c < cols; c++) {
+                        double v = fmt == 0   ? w[r * cols + c]
+                                   : fmt == 1 ? (double)q[r * cols + c] * sc[r]
+                                              : ((int)((p[(r * cols + c) / 2] >> ((c % 2) * 4)) & 0x0F) - 8) *
+                                                    (double)sc[r * (cols / group) + c / group];
+                        want += v * x[t * cols + c];
+                        mag += fabs(v * x[t * cols + c]);
+                    }
+                    if (!close(y[t * rows + r], want, mag)) {
+                        printf("MISMATCH format %d rows %lld cols %lld group %d: %.9g, not %.9g\n", fmt, (long long)rows,
+                               (long long)cols, (int)group, y[t * rows + r], want);
+                        return 1;
+                    }
+                    checked++;
+                }
+        }
+        free(w), free(x), free(y), free(sc), free(q), free(p);
+    }
+    printf("%s loops, %d outputs within the double-precision sums, hash %016llx\n", coli_cpu_loops(), checked,
+           (unsigned long long)hash);
+    return 0;
+}
