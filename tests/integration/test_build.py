@@ -39,6 +39,7 @@ def test_default_build_makes_host_and_one_verified_package_per_backend(built_pro
         if api == "hip":  # the runtime is named, not bundled, unless the config says so
             readme = files["README-hip-runtime.txt"].decode()
             assert "COLI_HIP_RUNTIME_DIR" in readme and "libamdhip64.so.5" in readme and "resident_tensors" in readme
+            assert "coli doctor" in readme and "gfx1030, gfx90a" in readme
         for line in files["SHA256SUMS"].decode().splitlines():
             digest, name = line.split("  ")
             assert hashlib.sha256(files[name]).hexdigest() == digest
