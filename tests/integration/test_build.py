@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import tarfile
 import zipfile
@@ -248,7 +249,7 @@ def test_list_and_toolchain(built_project: Path) -> None:
     assert 'build.arch = ["cpu"]    # var arch=' in proc.stdout
 
 
-def test_windows_cross_build_runs_under_wine(built_project: Path) -> None:
+def test_windows_cross_build_runs_under_wine(built_project: Path, tmp_path: Path) -> None:
     need_tool("x86_64-w64-mingw32-gcc", "wine")
     proc = run_doit(built_project, "build", "os=windows", "arch=cpu", env={"WINEDEBUG": "-all"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -260,9 +261,25 @@ def test_windows_cross_build_runs_under_wine(built_project: Path) -> None:
             f"{top}/{n}" for n in ("coli.exe", "coli_ref.dll", "build-info.json", "sbom.cdx.json", "SHA256SUMS")
         )
         info = json.loads(zf.read(f"{top}/build-info.json"))
+        zf.extractall(tmp_path)
     assert info["validate"]["host"]["status"] == "passed"
     assert info["validate"]["coli_ref.dll"]["status"] == "passed"
     assert all(v["ok"] for v in info["verify"].values())
+    # the real coli.exe's doctor, as a user of this CPU package runs it: Wine seen, the
+    # reference backend read and opened, and the one problem that only the CPU can run
+    import subprocess
+
+    from toolchain.wine import warm
+
+    warm(["wine"])
+    exe = tmp_path / top / "coli.exe"
+    proc = subprocess.run(["wine", str(exe), "doctor", "--json"], capture_output=True, text=True,
+                          env={**os.environ, "WINEDEBUG": "-all"}, timeout=120)  # fmt: skip
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["platform"]["wine"] and report["platform"]["os"].startswith("Windows")
+    (ref,) = [b for b in report["backends"] if b["present"]]
+    assert (ref["api"], ref["file"], ref["abi"], ref["name"]) == ("ref", "coli_ref.dll", report["abi"], "ref")
+    assert [v["code"] for v in report["verdicts"]] == ["no-gpu-backend"] and report["hip"] is None
     # the Linux build's state is kept apart from the Windows one
     assert executed(run_doit(built_project, "build")) == []
 
