@@ -132,6 +132,12 @@ static float row_q4_portable(const float *x, const uint8_t *p, const float *scal
     return LANES_SUM(row);
 }
 
+/* Tokens a block of the several-token loops below takes: a row's sums for them fit
+ * the 16 vector registers with the weights. */
+#define F32_TOKENS 4
+#define Q8_TOKENS 2 /* four sets of lanes a token */
+#define Q4_TOKENS 4 /* a group's and the row's lanes a token */
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
@@ -237,6 +243,95 @@ __attribute__((target("avx2"))) static float row_q4_avx2(const float *x, const u
     return LANES_SUM(l);
 }
 
+/* Several tokens against one weight row (a prefill, teacher forcing): each weight
+ * vector loaded and converted once for all of them, each token's sums the very
+ * operations, in the very order, of its single-token loop above, so the bits do not
+ * depend on how the tokens were blocked. x: the first token's row, the next `stride`
+ * floats on; y: one output a token. */
+__attribute__((target("avx2"))) static void dot_f32_avx2_tokens(const float *w, const float *x, int64_t stride,
+                                                                int64_t n, float *y) {
+    __m256 acc[F32_TOKENS];
+    #pragma GCC unroll 4
+    for (int j = 0; j < F32_TOKENS; j++) acc[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 wv = _mm256_loadu_ps(w + i);
+        #pragma GCC unroll 4
+        for (int j = 0; j < F32_TOKENS; j++)
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(x + j * stride + i), wv));
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < F32_TOKENS; j++) {
+        float l[8];
+        _mm256_storeu_ps(l, acc[j]);
+        float sum = LANES_SUM(l);
+        for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * w[k];
+        y[j] = sum;
+    }
+}
+
+__attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, const float *x, int64_t stride,
+                                                               int64_t n, float *y) {
+    __m256 acc[Q8_TOKENS][Q8_SETS];
+    #pragma GCC unroll 4
+    for (int j = 0; j < Q8_TOKENS; j++)
+        #pragma GCC unroll 4
+        for (int k = 0; k < Q8_SETS; k++) acc[j][k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 * Q8_SETS <= n; i += 8 * Q8_SETS)
+        #pragma GCC unroll 4
+        for (int k = 0; k < Q8_SETS; k++) {
+            const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 8 * k))));
+            #pragma GCC unroll 4
+            for (int j = 0; j < Q8_TOKENS; j++)
+                acc[j][k] = _mm256_add_ps(acc[j][k], _mm256_mul_ps(_mm256_loadu_ps(x + j * stride + i + 8 * k), wv));
+        }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+        #pragma GCC unroll 4
+        for (int j = 0; j < Q8_TOKENS; j++)
+            acc[j][0] = _mm256_add_ps(acc[j][0], _mm256_mul_ps(_mm256_loadu_ps(x + j * stride + i), wv));
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < Q8_TOKENS; j++) {
+        float l[8];
+        _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3])));
+        float sum = LANES_SUM(l);
+        for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * (float)q[k];
+        y[j] = sum;
+    }
+}
+
+__attribute__((target("avx2"))) static void row_q4_avx2_tokens(const float *x, int64_t stride, const uint8_t *p,
+                                                               const float *scale, int64_t groups, int32_t group,
+                                                               float *y) {
+    __m256 row[Q4_TOKENS];
+    #pragma GCC unroll 4
+    for (int j = 0; j < Q4_TOKENS; j++) row[j] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + g * group;
+        const uint8_t *pg = p + g * group / 2;
+        __m256 acc[Q4_TOKENS];
+        #pragma GCC unroll 4
+        for (int j = 0; j < Q4_TOKENS; j++) acc[j] = _mm256_setzero_ps();
+        for (int32_t i = 0; i < group; i += 8) {
+            const __m256 wv = q4_values8(pg + (i >> 1));
+            #pragma GCC unroll 4
+            for (int j = 0; j < Q4_TOKENS; j++)
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(xg + j * stride + i), wv));
+        }
+        const __m256 s = _mm256_set1_ps(scale[g]);
+        #pragma GCC unroll 4
+        for (int j = 0; j < Q4_TOKENS; j++) row[j] = _mm256_add_ps(row[j], _mm256_mul_ps(acc[j], s));
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < Q4_TOKENS; j++) {
+        float l[8];
+        _mm256_storeu_ps(l, row[j]);
+        y[j] = LANES_SUM(l);
+    }
+}
+
 static int use_avx2(void) {
     static int cached = -1;
     /* COLI_CPU_PORTABLE=1 forces the portable loops (tests prove both agree to the bit) */
@@ -273,25 +368,56 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
     return row_q4_portable(x, p, scale, groups, group);
 }
 
+/* Each row against every token: blocks of tokens through the AVX2 loops above, the
+ * rest (and every token without AVX2) one at a time; the same bits either way. */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t t = 0; t < s; t++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
+    float out[F32_TOKENS > Q4_TOKENS ? F32_TOKENS : Q4_TOKENS];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t t = 0;
+#ifdef HAVE_AVX2_PATH
+        for (; use_avx2() && t + F32_TOKENS <= s; t += F32_TOKENS) {
+            dot_f32_avx2_tokens(w + r * cols, x + t * cols, cols, cols, out);
+            for (int j = 0; j < F32_TOKENS; j++) y[(t + j) * rows + r] = out[j];
+        }
+#endif
+        for (; t < s; t++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
+    }
+    (void)out;
 }
 
 void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
                          int64_t s, float *y, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t t = 0; t < s; t++) y[t * rows + r] = dot_q8(x + t * cols, q + r * cols, cols) * scale[r];
+    float out[Q8_TOKENS];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t t = 0;
+#ifdef HAVE_AVX2_PATH
+        for (; use_avx2() && t + Q8_TOKENS <= s; t += Q8_TOKENS) {
+            dot_q8_avx2_tokens(q + r * cols, x + t * cols, cols, cols, out);
+            for (int j = 0; j < Q8_TOKENS; j++) y[(t + j) * rows + r] = out[j] * scale[r];
+        }
+#endif
+        for (; t < s; t++) y[t * rows + r] = dot_q8(x + t * cols, q + r * cols, cols) * scale[r];
+    }
+    (void)out;
 }
 
 void coli_matmul_q4_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
                          const float *x, int64_t s, float *y, int64_t r0, int64_t r1) {
     int64_t groups = cols / group;
+    float out[Q4_TOKENS];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *pr = packed + r * cols / 2;
-        for (int64_t t = 0; t < s; t++) y[t * rows + r] = row_q4(x + t * cols, pr, scale + r * groups, groups, group);
+        int64_t t = 0;
+#ifdef HAVE_AVX2_PATH
+        for (; use_avx2() && group % 8 == 0 && t + Q4_TOKENS <= s; t += Q4_TOKENS) {
+            row_q4_avx2_tokens(x + t * cols, cols, pr, scale + r * groups, groups, group, out);
+            for (int j = 0; j < Q4_TOKENS; j++) y[(t + j) * rows + r] = out[j];
+        }
+#endif
+        for (; t < s; t++) y[t * rows + r] = row_q4(x + t * cols, pr, scale + r * groups, groups, group);
     }
+    (void)out;
 }
 
 void coli_matmul_f32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y) {
