@@ -123,15 +123,18 @@ static void attn_items(void *ctx, int64_t b, int64_t e) {
     attn_job *j = ctx;
     const model_config *c = &j->m->c;
     const int64_t qk = c->qk_nope + c->qk_rope, H = c->heads, V = c->v_head;
-    float *p = malloc((size_t)j->total * sizeof(float));
+    /* the range's heads query by query, each query's run of heads in one walk of its keys */
+    const int64_t most = e - b < H ? e - b : H;
+    float *p = malloc((size_t)(most * j->total) * sizeof(float));
     if (!p) {
         j->failed = 1;
         return;
     }
-    for (int64_t it = b; it < e; it++) {
-        int64_t s = it / H, h = it % H;
-        coli_attend_one(j->q + (s * H + h) * qk, j->ly->k_cache + h * qk, j->ly->v_cache + h * V, H * qk, H * V, qk, V,
-                        j->sel + s * j->total, j->t0 + s, j->scaling, p, j->out + (s * H + h) * V);
+    for (int64_t it = b; it < e;) {
+        const int64_t s = it / H, h = it % H, run = (e - it < H - h ? e - it : H - h);
+        coli_attend_heads(j->q + (s * H + h) * qk, j->ly->k_cache + h * qk, j->ly->v_cache + h * V, H * qk, H * V, run,
+                          qk, V, j->sel + s * j->total, j->t0 + s, j->scaling, p, j->out + (s * H + h) * V);
+        it += run;
     }
     free(p);
 }

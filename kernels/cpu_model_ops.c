@@ -107,6 +107,37 @@ void coli_attend_one(const float *q, const float *k, const float *v, int64_t k_s
     }
 }
 
+void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
+                       int64_t heads, int64_t qk, int64_t vdim, const uint8_t *sel, int64_t last, float scaling,
+                       float *p, float *out) {
+    const int64_t n = last + 1;
+    for (int64_t h = 0; h < heads; h++) memset(out + h * vdim, 0, (size_t)vdim * sizeof(float));
+    for (int64_t t = 0; t < n; t++) {
+        if (!sel[t]) continue;
+        for (int64_t h = 0; h < heads; h++) p[h * n + t] = coli_dot_f32(q + h * qk, k + t * k_stride + h * qk, qk) * scaling;
+    }
+    for (int64_t h = 0; h < heads; h++) {
+        float *ph = p + h * n, mx = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < n; t++)
+            if (sel[t] && ph[t] > mx) mx = ph[t];
+        for (int64_t t = 0; t < n; t++)
+            if (sel[t]) {
+                ph[t] = expf(ph[t] - mx);
+                sum += ph[t];
+            }
+        for (int64_t t = 0; t < n; t++) /* each weight as coli_attend_one forms it */
+            if (sel[t]) ph[t] = ph[t] / sum;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (!sel[t]) continue;
+        for (int64_t h = 0; h < heads; h++) {
+            const float wt = p[h * n + t], *vt = v + t * v_stride + h * vdim;
+            float *o = out + h * vdim;
+            for (int64_t d = 0; d < vdim; d++) o[d] += wt * vt[d];
+        }
+    }
+}
+
 void coli_index_scores(const float *iq, const float *iw, float weight_scale, const float *keys, int64_t heads,
                        int64_t dim, int64_t t0, int64_t t1, coli_scored *sc) {
     const float scale = 1.0f / sqrtf((float)dim);

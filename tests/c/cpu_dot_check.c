@@ -1,5 +1,6 @@
 /* The CPU matmuls (kernels/cpu_ops.c) on random inputs of odd sizes: tails, one row,
- * one column, groups of 2 to 128, 1 to 9 tokens. Prints the loops that ran and a hash of every
+ * one column, groups of 2 to 128, 1 to 9 tokens; and attention over several heads at
+ * once (coli_attend_heads) against one head at a time (coli_attend_one), bit for bit. Prints the loops that ran and a hash of every
  * output's bits, so that two runs (the vector loops, and COLI_CPU_PORTABLE=1) can be
  * compared bit for bit; each output is also checked against a double-precision sum. */
 #include <math.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_model_ops.h"
 #include "cpu_ops.h"
 
 static uint64_t hash = 1469598103934665603ull;
@@ -69,6 +71,30 @@ int main(void) {
                 }
         }
         free(w), free(x), free(y), free(sc), free(q), free(p);
+    }
+    for (int it = 0; it < 500; it++) {
+        const int64_t heads = 1 + rand() % 7, qk = 1 + rand() % 40, vd = 1 + rand() % 33, last = rand() % 300;
+        const int64_t n = last + 1;
+        float *q = malloc(sizeof(float) * (size_t)(heads * qk)), *k = malloc(sizeof(float) * (size_t)(n * heads * qk));
+        float *v = malloc(sizeof(float) * (size_t)(n * heads * vd)), *p = malloc(sizeof(float) * (size_t)(heads * n));
+        float *one = malloc(sizeof(float) * (size_t)(heads * vd)), *all = malloc(sizeof(float) * (size_t)(heads * vd));
+        uint8_t *sel = malloc((size_t)n);
+        if (!q || !k || !v || !p || !one || !all || !sel) return fprintf(stderr, "out of memory\n"), 2;
+        for (int64_t i = 0; i < heads * qk; i++) q[i] = rnd();
+        for (int64_t i = 0; i < n * heads * qk; i++) k[i] = rnd();
+        for (int64_t i = 0; i < n * heads * vd; i++) v[i] = rnd();
+        for (int64_t t = 0; t < n; t++) sel[t] = t == last || rand() % 3 != 0;
+        for (int64_t h = 0; h < heads; h++)
+            coli_attend_one(q + h * qk, k + h * qk, v + h * vd, heads * qk, heads * vd, qk, vd, sel, last, 0.125f, p,
+                            one + h * vd);
+        coli_attend_heads(q, k, v, heads * qk, heads * vd, heads, qk, vd, sel, last, 0.125f, p, all);
+        if (memcmp(one, all, sizeof(float) * (size_t)(heads * vd))) {
+            printf("MISMATCH attention heads %lld qk %lld v %lld keys %lld\n", (long long)heads, (long long)qk,
+                   (long long)vd, (long long)n);
+            return 1;
+        }
+        mix(all, heads * vd);
+        free(q), free(k), free(v), free(p), free(one), free(all), free(sel);
     }
     printf("%s loops, %d outputs within the double-precision sums, hash %016llx\n", coli_cpu_loops(), checked,
            (unsigned long long)hash);
