@@ -372,7 +372,7 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
  * rest (and every token without AVX2) one at a time; the same bits either way. */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
-    float out[F32_TOKENS > Q4_TOKENS ? F32_TOKENS : Q4_TOKENS];
+    float out[F32_TOKENS];
     for (int64_t r = r0; r < r1; r++) {
         int64_t t = 0;
 #ifdef HAVE_AVX2_PATH

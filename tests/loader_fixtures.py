@@ -223,3 +223,23 @@ def build_host(fx: Fixtures, gen_dir: Path, where: Path | None = None) -> Path:
         inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
         _cc(p, *inc, *(ROOT / s for s in HOST_SOURCES), "-o", host, *extra, "-lm", "-lpthread")
     return host
+
+
+def other_sdk_backend(fx: Fixtures) -> tuple[Path, Path, str]:
+    """A backend linked against another version's runtime (amdhip64_6.dll, libamdhip64.so.6)
+    than the fixtures' host binds: the backend, that runtime's folder and its name."""
+    p = fx.platform
+    other = "amdhip64_6.dll" if p.windows else "libamdhip64.so.6"
+    work = fx.root / "sdk six"
+    backend = fx.app / ("coli_six" + Path(p.backend).suffix)
+    if backend.exists():
+        return backend, work, other
+    work.mkdir(exist_ok=True)
+    (work / "rt.c").write_text("char coli_stub_runtime_marker(void) { return '6'; }\n")
+    (work / "uses.c").write_text(
+        "char coli_stub_runtime_marker(void);\nchar coli_six(void) { return coli_stub_runtime_marker(); }\n"
+    )
+    pic = [] if p.windows else ["-fPIC"]
+    compile_c(p, "-shared", *pic, *([] if p.windows else [f"-Wl,-soname,{other}"]), work / "rt.c", "-o", work / other)
+    compile_c(p, "-shared", *pic, work / "uses.c", "-o", backend, work / other)
+    return backend, work, other

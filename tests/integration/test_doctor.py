@@ -18,7 +18,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import need_tool
-from tests.loader_fixtures import LINUX, OBJCOPY, PLATFORMS, WINDOWS, Fixtures, build, build_host, compile_c
+from tests.loader_fixtures import (
+    LINUX,
+    OBJCOPY,
+    PLATFORMS,
+    WINDOWS,
+    Fixtures,
+    build,
+    build_host,
+    compile_c,
+    other_sdk_backend,
+)
 from toolchain.wine import warm
 
 pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
@@ -255,16 +265,8 @@ def test_no_gpu_backend_and_a_damaged_one(doc: Doctor) -> None:
 
 
 def test_a_backend_of_another_hip_sdk(doc: Doctor) -> None:
-    fx, p = doc.fx, doc.fx.platform
-    other = "amdhip64_6.dll" if p.windows else "libamdhip64.so.6"
-    work = fx.root / "sdk six"
-    work.mkdir()
-    (work / "rt.c").write_text("int six(void) { return 6; }\n")
-    (work / "uses.c").write_text("int six(void);\nint coli_uses_six(void) { return six(); }\n")
-    pic = [] if p.windows else ["-fPIC"]
-    compile_c(p, "-shared", *pic, *([] if p.windows else [f"-Wl,-soname,{other}"]), work / "rt.c", "-o", work / other)
-    backend = work / ("backend" + Path(p.backend).suffix)
-    compile_c(p, "-shared", *pic, work / "uses.c", "-o", backend, work / other)
+    p = doc.fx.platform
+    backend, _, other = other_sdk_backend(doc.fx)
     rc, r, _ = doc.run(folder=doc.folder("six", backend=backend))
     assert rc == 1 and problems(r) == ["runtime-mismatch"]
     assert verdict(r, "runtime-mismatch")["problem"] == f"{p.backend} imports {other}, but this coli binds {p.runtime}"

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_tool
-from tests.loader_fixtures import LINUX, PLATFORMS, WINDOWS, Fixtures, build, build_host, doc_table
+from tests.loader_fixtures import (
+    LINUX,
+    PLATFORMS,
+    WINDOWS,
+    Fixtures,
+    build,
+    build_host,
+    doc_table,
+    other_sdk_backend,
+)
 from toolchain.wine import warm
 
 pytestmark = [pytest.mark.slow, pytest.mark.loader_contract]
@@ -406,34 +415,12 @@ def test_an_invalid_runtime_image_is_refused(fx: Fixtures) -> None:
         assert "Windows error 193" in str(r["error"]), r
 
 
-def _other_sdk_backend(fx: Fixtures) -> tuple[Path, Path, str]:
-    """A backend linked against another version's runtime (amdhip64_6.dll, libamdhip64.so.6)
-    than the fixtures' host binds: the backend, that runtime's folder and its name."""
-    from tests.loader_fixtures import compile_c
-
-    p = fx.platform
-    other = "amdhip64_6.dll" if p.windows else "libamdhip64.so.6"
-    work = fx.root / "sdk six"
-    backend = fx.app / ("coli_six" + Path(p.backend).suffix)
-    if backend.exists():
-        return backend, work, other
-    work.mkdir(exist_ok=True)
-    (work / "rt.c").write_text("char coli_stub_runtime_marker(void) { return '6'; }\n")
-    (work / "uses.c").write_text(
-        "char coli_stub_runtime_marker(void);\nchar coli_six(void) { return coli_stub_runtime_marker(); }\n"
-    )
-    pic = [] if p.windows else ["-fPIC"]
-    compile_c(p, "-shared", *pic, *([] if p.windows else [f"-Wl,-soname,{other}"]), work / "rt.c", "-o", work / other)
-    compile_c(p, "-shared", *pic, work / "uses.c", "-o", backend, work / other)
-    return backend, work, other
-
-
 def test_a_backend_of_another_hip_sdk_is_refused(fx: Fixtures) -> None:
     """A backend that imports another version's runtime than the one this host binds is
     refused by name, before the binding or any load: the host and the backend come from
     one package, built against one SDK."""
     p = fx.platform
-    backend, work, other = _other_sdk_backend(fx)
+    backend, work, other = other_sdk_backend(fx)
     assert fx.run("imports", p.host_path(backend))["hip"] == other
     for env_dir in (fx.dir_of("A"), p.host_path(work)):
         r = fx.run("open", p.host_path(backend), env={"COLI_HIP_RUNTIME_DIR": env_dir})
@@ -466,7 +453,7 @@ def _refusal_for(fx: Fixtures, when: str) -> str | None:
         "another runtime of that name is mapped": (["--preload", b], dir_a, "hip"),
         "more than one is mapped": (["--preload", a, "--preload", b], dir_a, "hip"),
         "the module list or an identity cannot be read": (["--fault", "snapshot", "--preload", a], dir_a, "hip"),
-        "the backend imports another runtime than the host binds": ([], dir_a, p.host_path(_other_sdk_backend(fx)[0])),
+        "the backend imports another runtime than the host binds": ([], dir_a, p.host_path(other_sdk_backend(fx)[0])),
         "the backend's import table cannot be read": ([], dir_a, p.host_path(junk)),
     }
     args, env_dir, spec = cases[when]
