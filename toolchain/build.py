@@ -9,6 +9,7 @@ import sys
 from .atomic import replacing
 from .commands import Command
 from .errors import BuildError
+from .staging import stage_files
 
 __all__ = ["run_command"]
 
@@ -21,11 +22,13 @@ def run_command(cmd: Command, label: str) -> None:
         env.pop(name, None)
     for folder in cmd.mkdirs:
         folder.mkdir(parents=True, exist_ok=True)
+    staged = stage_files(cmd.stage) if cmd.stage else cmd.cwd
     with replacing(cmd.output, fixed_name=True) as part:
         argv = [str(part) if a == str(cmd.output) else a for a in cmd.argv]
-        for step in (*cmd.before, tuple(argv)):
+        steps = [(step, staged) for step in cmd.before] + [(tuple(argv), cmd.cwd)]
+        for step, cwd in steps:
             try:
-                proc = subprocess.run(list(step), capture_output=True, text=True, env=env, cwd=cmd.cwd)
+                proc = subprocess.run(list(step), capture_output=True, text=True, env=env, cwd=cwd)
             except OSError as exc:
                 raise BuildError(f"{label}: cannot run {step[0]}: {exc}") from None
             if proc.returncode != 0:

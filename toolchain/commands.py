@@ -46,6 +46,9 @@ class Command:
     cwd: Path | None = None
     before: tuple[tuple[str, ...], ...] = ()  # steps run first, same env and cwd (e.g. a compile before a link)
     mkdirs: tuple[Path, ...] = ()  # build-local folders the steps write to (objects, TMPDIR)
+    # (name, source) pairs copied to a folder named by their content (staging.py), where
+    # the `before` steps then run: a compile that names its sources' folder, cached.
+    stage: tuple[tuple[str, Path], ...] = ()
 
 
 def _prefix_maps(plan: Plan) -> list[str]:
@@ -202,18 +205,27 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
         # (-objtemp) and a fixed seed for generated names, then link.
         obj = plan.build_dir / "tmp" / spec.key / "backend_gpu.o"
         front, cache_env = launcher(plan)
+        # Cached, the compile runs in a copy of its sources at a path their content names
+        # (staging.py), so a checkout elsewhere gives the same nvcc steps, each a hit.
+        stage: tuple[tuple[str, Path], ...] = ()
+        if _relative(plan, cfg.profile.gpu_flags):
+            stage = tuple((name, plan.root / name) for name in (*GPU_SOURCES, *BACKEND_HEADERS))
+            stage += tuple((f"gen/{h}", plan.gen_dir / h) for h in GEN_HEADERS)
+            compiler, includes, source, maps = str(plan.cuda.nvcc), ["-Igen", "-Ikernels"], GPU_SOURCES[0], []
+        else:
+            compiler, source, maps = nvcc, _at(plan, GPU_SOURCES[0], False), _prefix_maps(plan)
         compile_step = (
             *front,
-            nvcc,
+            compiler,
             "-std=c++17",
             *cfg.profile.gpu_flags,
             "-c",
             "-objtemp",
             "-frandom-seed=coli_backend_gpu",
-            *_nvcc_pass("-Xcompiler", ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *_prefix_maps(plan)]),
+            *_nvcc_pass("-Xcompiler", ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", *maps]),
             *gencode,
             *includes,
-            _at(plan, GPU_SOURCES[0], False),
+            source,
             "-o",
             str(obj),
         )
@@ -226,7 +238,9 @@ def backend_command(plan: Plan, spec: BackendSpec, output: Path) -> Command:
             "-o",
             str(output),
         ]
-        return Command(tuple(argv), output, cache_env, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,))
+        return Command(
+            tuple(argv), output, cache_env, cwd=cwd, before=(compile_step,), mkdirs=(obj.parent,), stage=stage
+        )
     hip = plan.hip
     tmp = plan.build_dir / "tmp" / spec.key
     rel = _relative(plan, cfg.profile.gpu_flags)

@@ -124,6 +124,7 @@ def _command_state(cmd: Command, fingerprint: Mapping[str, str]) -> dict[str, An
         "unset": list(cmd.unset),
         "cwd": str(cmd.cwd),
         "before": [list(step) for step in cmd.before],
+        "stage": [[name, str(source)] for name, source in cmd.stage],
         "toolchain": dict(fingerprint),
     }
 

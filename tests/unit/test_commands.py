@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.test_plan import _plan
-from toolchain.command_data import HOST_SOURCES, ROCM_VARIABLES
+from toolchain.command_data import GPU_SOURCES, HOST_SOURCES, ROCM_VARIABLES
 from toolchain.commands import backend_command, host_command
 
 
@@ -89,6 +89,13 @@ def test_each_source_compiles_apart_and_the_cache_launcher_fronts_every_compile(
         cmd = backend_command(cached, spec, cached.backend_lib(spec))
         assert cmd.before and all(step[0] == "ccache" for step in cmd.before), spec.key
         assert cmd.env["CCACHE_DIR"] == cache_dir
+    # the CUDA compile runs in a copy of its sources (nvcc hands its steps the source's absolute
+    # path), named relative to it; the link still runs from nvcc's own folder
+    cuda = next(s for s in cached.backends if s.api == "cuda")
+    cmd = backend_command(cached, cuda, cached.backend_lib(cuda))
+    assert all(str(tmp_path) not in arg for arg in cmd.before[0][2:-1]) and cmd.before[0][-3] == GPU_SOURCES[0]
+    assert dict(cmd.stage)[GPU_SOURCES[0]] == tmp_path / GPU_SOURCES[0] and "gen/coli_ops.h" in dict(cmd.stage)
+    assert not backend_command(plan, cuda, plan.backend_lib(cuda)).stage  # uncached: compiled in place
     sc = _plan(tmp_path, {"arch": "cpu", "cache": "sccache"})
     ref = backend_command(sc, sc.backends[0], sc.backend_lib(sc.backends[0]))
     assert ref.before[0][0] == "sccache" and ref.env == {"SCCACHE_DIR": cache_dir, "SCCACHE_BASEDIRS": str(tmp_path)}
