@@ -406,6 +406,45 @@ static void launch_add_rmsnorm(const coli_rec *r, const gpu_unit *u, cudaStream_
         n.out, n.n, n.out_stride, n.eps);
 }
 
+/* COLI_GPU_OMIT=kind,... leaves ops out of every run, to measure what each kind adds to
+ * a step: the op names COLI_GPU_PROFILE prints (matmuls by format, "matmul-int8"), and
+ * add_rmsnorm for the fused units. COLI_GPU_OMIT_AS=empty launches a one-block empty
+ * kernel in each one's place instead, so the difference between the two is the work
+ * beyond a launch. The results are wrong while it is set: bench/gpu_decode_parts.sh. */
+enum { OMIT_SLOTS = 16 + 3 + 1, OMIT_FUSED = 16 + 3 };
+__global__ void omitted_kernel(void) {}
+static const char *omit_name(int slot) {
+    static const char *const fmts[] = {"matmul-f32", "matmul-int8", "matmul-int4"};
+    if (slot == OMIT_FUSED) return "add_rmsnorm";
+    if (slot >= 16) return fmts[slot - 16];
+    const coli_op_info *info = coli_op_info_of(slot);
+    return info ? info->name : NULL;
+}
+static uint32_t omitted_slots(void) {
+    static int64_t mask = -1;
+    if (mask < 0) {
+        const char *v = getenv("COLI_GPU_OMIT");
+        mask = 0;
+        for (int k = 0; v && k < OMIT_SLOTS; k++) {
+            const char *name = omit_name(k);
+            const size_t len = name ? strlen(name) : 0;
+            for (const char *at = v; name && (at = strstr(at, name)) != NULL; at += len)
+                if ((at == v || at[-1] == ',') && (at[len] == ',' || at[len] == 0)) mask |= (int64_t)1 << k;
+        }
+    }
+    return (uint32_t)mask;
+}
+static bool omit(int slot, cudaStream_t st) {
+    if (!(omitted_slots() >> slot & 1)) return false;
+    static int empty = -1;
+    if (empty < 0) {
+        const char *v = getenv("COLI_GPU_OMIT_AS");
+        empty = v && strcmp(v, "empty") == 0;
+    }
+    if (empty) omitted_kernel<<<1, WARP, 0, st>>>();
+    return true;
+}
+
 /* Every unit on its planned stream, after the units of other streams it waits for;
  * the side streams start after what the step stream queued before, and it waits
  * for all of them at the end, so a run is ordered like one stream's work. */
@@ -419,7 +458,11 @@ static coli_status launch_ops(const coli_rec *r, const gpu_rec *g) {
         cudaStream_t st = queue_stream(pl->queue);
         for (int32_t q = 0; q < g->queues; q++)
             if (pl->wait[q] >= 0) GPU_CHECK(cudaStreamWaitEvent(st, g->done[pl->wait[q]], 0));
-        if (unit->len == 1) launch_op(&r->ops[unit->first], unit->first, g, st);
+        const coli_rec_op *first = &r->ops[unit->first];
+        const int slot = unit->len > 1 ? (int)OMIT_FUSED
+                         : first->op.kind == COLI_OP_MATMUL ? 16 + first->w[0]->format : first->op.kind;
+        if (omit(slot, st)) {
+        } else if (unit->len == 1) launch_op(first, unit->first, g, st);
         else launch_add_rmsnorm(r, unit, st);
         if (pl->waited) GPU_CHECK(cudaEventRecord(g->done[u], st));
     }
