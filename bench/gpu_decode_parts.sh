@@ -6,7 +6,8 @@
 # (COLI_GPU_OMIT_AS=empty). A kind's "left out" difference is what it adds to a token
 # (its work and its launches on the graph's critical path); "empty" keeps the launches,
 # so the two differ by the kind's work past a launch. The tokens are wrong while a kind
-# is left out; only the times count. QUANT (int8) picks the format. Lines in
+# is left out; only the times count. QUANT (int8) picks the format, KINDS the kinds
+# (every kind), MODES which runs ("out empty"). Lines in
 # ${OUT:-bench/out}/parts.jsonl, a table in parts.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +27,11 @@ print(json.dumps({'label': '$label', 'quant': d['quant'], 'step_ops': d.get('ste
                   'decode_tokens_per_second': d['decode_tokens_per_second']}))" | tee -a "$out/parts.jsonl"
 }
 for i in 1 2 3; do run all; done
-kinds="rmsnorm layernorm rope write_rows add silu_mul indexer attend route moe matmul-f32 matmul-$q add_rmsnorm"
+kinds=${KINDS:-rmsnorm layernorm rope write_rows add silu_mul indexer attend route moe matmul-f32 matmul-$q add_rmsnorm}
+modes=${MODES:-out empty}
 for k in $kinds; do
-  run "$k out" COLI_GPU_OMIT="$k"
-  run "$k empty" COLI_GPU_OMIT="$k" COLI_GPU_OMIT_AS=empty
+  [[ $modes == *out* ]] && run "$k out" COLI_GPU_OMIT="$k"
+  [[ $modes == *empty* ]] && run "$k empty" COLI_GPU_OMIT="$k" COLI_GPU_OMIT_AS=empty
 done
 small="rmsnorm,layernorm,rope,write_rows,add,silu_mul,add_rmsnorm"
 run "small ops out" COLI_GPU_OMIT="$small"

@@ -72,6 +72,7 @@
 #define COLI_SHFL(v, src) __shfl((v), (src), 32)
 #define COLI_LOAD_STREAM(p) (*(p))
 #define COLI_LOAD_FRESH(p) (*(p))
+#define COLI_LOAD_GRID(p) (*(volatile const float *)(p)) /* device-coherent: past the CU's L1 */
 #define COLI_HAS_PDL 0 /* no programmatic dependent launch: kernels run one after another */
 #else
 #include <cuda_runtime.h>
@@ -88,6 +89,9 @@
  * the wait, and an early-launched kernel then reads the last call's values. As
  * fast as __ldg on the H200. */
 #define COLI_LOAD_FRESH(p) __ldca(p)
+/* What another block of this grid wrote (after a fence and a counter): from L2,
+ * never from this SM's L1, which may hold the line from an earlier run. */
+#define COLI_LOAD_GRID(p) __ldcg(p)
 #define COLI_HAS_PDL 1
 #endif
 

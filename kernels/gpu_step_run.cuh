@@ -26,6 +26,7 @@ struct gpu_rec {
     int64_t *pos;
     float *planes, *scores, *moe_gu, *moe_eo;
     int32_t *moe_order, *moe_tiles; /* moe_grouped's (moe_group_kernel); moe_tiles[0] is the count */
+    int32_t *counts;      /* the indexer's and attention's blocks done, a row or pair (last_block) */
     size_t plane_floats;  /* a slot's */
     int32_t *plane_slot;  /* per op: its slot of planes, -1 for none */
     dev_weight **tables;  /* per op: the moe op's experts, else NULL */
@@ -173,7 +174,7 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     g->plane_slot = (int32_t *)malloc((size_t)r->count * sizeof *g->plane_slot);
     if (!g->tables || !g->plane_slot) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     g->n_ops = r->count;
-    size_t planes = 0, scores = 0, gu = 0, eo = 0, tiles = 0, orders = 0;
+    size_t planes = 0, scores = 0, gu = 0, eo = 0, tiles = 0, orders = 0, counts = 0;
     int32_t matmuls = 0;
     for (int32_t k = 0; k < r->count; k++) {
         const coli_rec_op *o = &r->ops[k];
@@ -192,6 +193,8 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
             const size_t b = (size_t)(o->op.kind == COLI_OP_ATTEND ? i[0] * i[1] * chunks * (i[3] + 2) : i[0] * i[4]) *
                              sizeof(float);
             scores = b > scores ? b : scores;
+            const size_t c = (size_t)(o->op.kind == COLI_OP_ATTEND ? i[0] * i[1] : i[0]);
+            counts = c > counts ? c : counts;
         } else if (o->op.kind == COLI_OP_MOE) {
             const size_t pairs = (size_t)(i[0] * i[1]), a = pairs * (size_t)o->w[0]->rows * sizeof(float);
             gu = a > gu ? a : gu;
@@ -231,10 +234,12 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_eo, eo);
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_tiles, tiles * sizeof(int32_t));
     if (e == cudaSuccess) e = step_malloc((void **)&g->moe_order, orders * sizeof(int32_t));
+    if (e == cudaSuccess) e = step_malloc((void **)&g->counts, counts * sizeof(int32_t));
+    if (e == cudaSuccess && counts) e = cudaMemset(g->counts, 0, counts * sizeof(int32_t));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: cannot allocate the step's scratch (%zu bytes): %s",
-                         planes * (size_t)slots * sizeof(float) + scores + gu + eo + (tiles + orders) * 4,
+                         planes * (size_t)slots * sizeof(float) + scores + gu + eo + (tiles + orders + counts) * 4,
                          cudaGetErrorString(e));
     }
     return gpu_rec_plan(r, g);
@@ -258,7 +263,7 @@ static void rec_release(coli_rec *r) {
     free(g->units);
     free(g->plan);
     free(g->done);
-    void *scratch[] = {g->pos, g->planes, g->scores, g->moe_gu, g->moe_eo, g->moe_tiles, g->moe_order};
+    void *scratch[] = {g->pos, g->planes, g->scores, g->moe_gu, g->moe_eo, g->moe_tiles, g->moe_order, g->counts};
     for (void *p : scratch)
         if (p) (void)cudaFree(p);
     free(g);
@@ -292,7 +297,8 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     }
     launch_early(chain_calls(), moe_up_kernel<FORMAT>, dim3(up_blocks, (unsigned)pairs), dim3(STEP_THREADS), 0, st,
         table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts);
-    launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
+    const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs(a.k) - 1) / moe_down_outputs(a.k));
+    launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
         table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
 }
 
@@ -357,20 +363,16 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
         const int per = STEP_THREADS / WARP;
         /* keys up to the largest position the step allows for its last row */
         const int64_t keys = a.sel_stride;
-        launch_early(chain_calls(), index_scores_kernel, dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows),
-            dim3(STEP_THREADS), 0, st, a.iq, a.iw, a.keys,
-            g->scores, pos, a.heads, a.dim, a.sel_stride, a.weight_scale);
-        launch_early(chain_calls(), index_select_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st,
-            g->scores, a.sel, pos, a.sel_stride, a.topk, a.rows);
+        launch_early(chain_calls(), indexer_kernel, dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows),
+            dim3(STEP_THREADS), 0, st, a.iq, a.iw, a.keys, g->scores, a.sel, g->counts, pos, a.heads, a.dim,
+            a.sel_stride, a.topk, a.rows, a.weight_scale);
         break;
     }
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
         const int64_t chunks = (a.sel_stride + ATTEND_CHUNK - 1) / ATTEND_CHUNK, pairs = a.rows * a.heads;
         launch_early(chain_calls(), attend_part_kernel, dim3((unsigned)pairs, (unsigned)chunks), dim3(STEP_THREADS), 0,
-            st, a.q, a.k, a.v, a.sel, g->scores, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
-        launch_early(chain_calls(), attend_combine_kernel, dim3((unsigned)pairs), dim3(128), 0, st, g->scores, a.out,
-            chunks, a.vdim);
+            st, a.q, a.k, a.v, a.sel, g->scores, g->counts, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
         break;
     }
     case COLI_OP_ROUTE: {

@@ -66,22 +66,49 @@ __global__ void embed_kernel(const float *table, const int32_t *ids, float *out,
         out[r * width + i] = id >= 0 && id < vocab ? table[(int64_t)id * width + i] : 0.0f;
 }
 
+/* A norm's row in registers, NORM_HELD values a thread (i = threadIdx.x + j
+ * blockDim.x), where it fits: every load of the row is issued before any store, where
+ * a loop of loads and stores through pointers that may alias waits on each load in
+ * turn. Each thread adds its values in the loop's order, so the sums are the same. */
+#define NORM_HELD 8
+
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n, int64_t xs, int64_t os,
                                float eps) {
     STEP_KERNEL_BEGIN();
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * xs;
+    float *orow = out + blockIdx.x * os;
     float ss = 0.0f;
+    if (n <= NORM_HELD * (int64_t)blockDim.x) {
+        float v[NORM_HELD], wv[NORM_HELD];
+#pragma unroll
+        for (int j = 0; j < NORM_HELD; j++) {
+            const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
+            v[j] = i < n ? xr[i] : 0.0f;
+            wv[j] = i < n ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_HELD; j++)
+            if (threadIdx.x + j * (int64_t)blockDim.x < n) ss += v[j] * v[j];
+        ss = block_sum(ss, red) / (float)n;
+        const float r = 1.0f / sqrtf(ss + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_HELD; j++) {
+            const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
+            if (i < n) orow[i] = wv[j] * (v[j] * r);
+        }
+        return;
+    }
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, red) / (float)n;
     const float r = 1.0f / sqrtf(ss + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[blockIdx.x * os + i] = w[i] * (xr[i] * r);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = w[i] * (xr[i] * r);
 }
 
 /* add then rmsnorm of the sum, one kernel (a pair the step records after attention
  * and after each MLP): x += y, out = rmsnorm(x); with z, first y += z (the shared
  * expert's output added to the routed ones'), as the ops would in turn. Each thread
- * rereads only what it wrote. */
+ * rereads only what it wrote; the row is held as rmsnorm_kernel holds it. */
 __global__ void add_rmsnorm_kernel(float *x, float *y, const float *z, const float *w, float *out, int64_t n,
                                    int64_t os, float eps) {
     STEP_KERNEL_BEGIN();
@@ -89,6 +116,34 @@ __global__ void add_rmsnorm_kernel(float *x, float *y, const float *z, const flo
     float *xr = x + blockIdx.x * n, *yr = y + blockIdx.x * n;
     const float *zr = z ? z + blockIdx.x * n : NULL;
     float ss = 0.0f;
+    if (n <= NORM_HELD * (int64_t)blockDim.x) {
+        float v[NORM_HELD], yv[NORM_HELD], zv[NORM_HELD], wv[NORM_HELD];
+#pragma unroll
+        for (int j = 0; j < NORM_HELD; j++) {
+            const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
+            v[j] = i < n ? xr[i] : 0.0f;
+            yv[j] = i < n ? yr[i] : 0.0f;
+            zv[j] = i < n && zr ? zr[i] : 0.0f;
+            wv[j] = i < n ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_HELD; j++) {
+            const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
+            if (i >= n) continue;
+            if (zr) yv[j] += zv[j], yr[i] = yv[j];
+            v[j] += yv[j];
+            xr[i] = v[j];
+            ss += v[j] * v[j];
+        }
+        ss = block_sum(ss, red) / (float)n;
+        const float r = 1.0f / sqrtf(ss + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_HELD; j++) {
+            const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
+            if (i < n) out[blockIdx.x * os + i] = wv[j] * (v[j] * r);
+        }
+        return;
+    }
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         float yv = yr[i];
         if (zr) yv += zr[i], yr[i] = yv;
@@ -361,16 +416,39 @@ template <int FORMAT> struct down_row {
     }
 };
 
-/* out[row][d] = expert_sum of the down rows d: a warp an output, its k dots in that order. */
+/* The down projections of a decode's picks, value by value: vals[pick] of an output. */
+struct held_value {
+    const float *vals;
+    int64_t first_pair;
+    __device__ float operator()(int64_t pair, int32_t) const { return vals[pair - first_pair]; }
+};
+
+/* Outputs a block of moe_down_kernel takes: its warps share them out a (output, pick)
+ * each, so a row's k dots run side by side, not one after another on a warp. */
+__host__ __device__ inline int64_t moe_down_outputs(int64_t k) {
+    return k > 0 && k < STEP_THREADS / WARP ? STEP_THREADS / WARP / k : 1;
+}
+
+/* out[row][d] = expert_sum of the down rows d: a warp a (d, pick) dot, then a thread
+ * an output adds its picks in that order. */
 template <int FORMAT>
 __global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, const float *w, float *out,
                                 int64_t k, int64_t inter, int64_t hid, int64_t experts) {
     STEP_KERNEL_BEGIN();
-    const int64_t r = blockIdx.y, d = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
-    if (d >= hid) return;
-    const float acc = expert_sum(idx, w, r, k, experts, down_row<FORMAT>{ws, gu, inter, d, lane});
-    if (lane == 0) out[r * hid + d] = acc;
+    __shared__ float vals[16 * (STEP_THREADS / WARP)];
+    const int64_t r = blockIdx.y, per = moe_down_outputs(k), d0 = blockIdx.x * per;
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    for (int64_t item = threadIdx.x / WARP; item < per * k; item += nw) {
+        const int64_t d = d0 + item / k, pair = r * k + item % k;
+        const int32_t e = idx[pair];
+        float v = 0.0f;
+        if (d < hid && e >= 0 && e < experts) v = weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
+        if (lane == 0) vals[item] = v;
+    }
+    __syncthreads();
+    const int64_t d = d0 + threadIdx.x;
+    if (threadIdx.x < per && d < hid)
+        out[r * hid + d] = expert_sum(idx, w, r, k, experts, held_value{vals + threadIdx.x * k, r * k});
 }
 
 /* Many rows (a prefill): the pairs grouped by expert, so that a block reads its
@@ -504,55 +582,73 @@ __global__ void moe_combine_kernel(const float *eo, const int32_t *idx, const fl
 
 /* ---- the DSA indexer ------------------------------------------------------------ */
 
-/* scores[row][t] for keys t <= p + row: a warp a key. */
-__global__ void index_scores_kernel(const float *iq, const float *iw, const float *keys, float *scores,
-                                    const int64_t *pos, int64_t heads, int64_t dim, int64_t stride, float weight_scale) {
-    STEP_KERNEL_BEGIN();
-    const int64_t row = blockIdx.y, t = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
-    if (t > *pos + row) return;
-    const float scale = 1.0f / sqrtf((float)dim);
-    float total = 0.0f;
-    for (int64_t h = 0; h < heads; h++) {
-        const float *q = iq + (row * heads + h) * dim;
-        float d = 0.0f;
-        for (int64_t i = lane; i < dim; i += WARP) d += q[i] * keys[t * dim + i];
-        d = warp_sum(d) * scale;
-        total += (iw[row * heads + h] * weight_scale) * (d > 0.0f ? d : 0.0f);
-    }
-    if (lane == 0) scores[row * stride + t] = total;
-}
-
 /* A float's order as an unsigned key: larger floats, larger keys. */
 __device__ inline uint32_t order_key(float f) {
     const uint32_t u = __float_as_uint(f);
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
-/* One block a query: every key when there are no more than topk, else the topk
- * best (ties to the earlier key): the topk-th largest key by radix selection, the
- * keys above it, and the earliest of those equal to it. */
-__global__ void index_select_kernel(const float *scores, uint8_t *sel, const int64_t *pos, int64_t stride, int64_t topk,
-                                    int64_t rows) {
+/* Whether this block is the last of `blocks` to pass here for `counter` (zero
+ * between runs: the last one sets it back). Each block's writes before it are seen by
+ * the last one, which reads them with COLI_LOAD_GRID. */
+__device__ inline bool last_block(int32_t *counter, int32_t blocks) {
+    __shared__ int last;
+    __threadfence(); /* each thread's writes, before the count that says they are done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == blocks - 1;
+        if (last) *counter = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last != 0;
+}
+
+/* The DSA indexer, one kernel: a block per 8 keys of a query (row), a warp a key.
+ * A query that sees no more than topk keys selects them all, and its scores are not
+ * needed: each block writes its keys' selection and leaves. Else scores[row][t] for
+ * keys t <= p + row, and the last of the row's blocks to finish (counts[row]) selects
+ * the topk best (ties to the earlier key): the topk-th largest key by radix
+ * selection, the keys above it, and the earliest of those equal to it. */
+__global__ void indexer_kernel(const float *iq, const float *iw, const float *keys, float *scores, uint8_t *sel,
+                               int32_t *counts, const int64_t *pos, int64_t heads, int64_t dim, int64_t stride,
+                               int64_t topk, int64_t rows, float weight_scale) {
     STEP_KERNEL_BEGIN();
-    __shared__ uint32_t hist[256];
-    __shared__ uint32_t prefix_s, need_s;
-    __shared__ int64_t counts[STEP_THREADS];
-    const int64_t row = blockIdx.x, valid = *pos + row + 1, total = *pos + rows;
+    const int64_t row = blockIdx.y, valid = *pos + row + 1, total = *pos + rows;
+    const int64_t per = blockDim.x / WARP, b0 = blockIdx.x * per;
     uint8_t *s = sel + row * stride;
-    const float *sc = scores + row * stride;
     if (valid <= topk) {
-        for (int64_t t = threadIdx.x; t < total; t += blockDim.x) s[t] = t < valid;
+        for (int64_t t = b0 + threadIdx.x; t < b0 + per && t < total; t += blockDim.x) s[t] = t < valid;
         return;
     }
+    if (b0 >= valid) return; /* the whole block: past the query's keys, and not counted */
+    const int64_t t = b0 + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    float *sc = scores + row * stride;
+    if (t < valid) {
+        const float scale = 1.0f / sqrtf((float)dim);
+        float total_score = 0.0f;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *q = iq + (row * heads + h) * dim;
+            float d = 0.0f;
+            for (int64_t i = lane; i < dim; i += WARP) d += q[i] * keys[t * dim + i];
+            d = warp_sum(d) * scale;
+            total_score += (iw[row * heads + h] * weight_scale) * (d > 0.0f ? d : 0.0f);
+        }
+        if (lane == 0) sc[t] = total_score;
+    }
+    if (!last_block(counts + row, (int32_t)((valid + per - 1) / per))) return;
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t prefix_s, need_s;
+    __shared__ int64_t eqs[STEP_THREADS];
     uint32_t prefix = 0, need = (uint32_t)topk; /* need: how many of those matching prefix are still wanted */
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
         const uint32_t mask = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);
-        for (int64_t t = threadIdx.x; t < valid; t += blockDim.x) {
-            const uint32_t k = order_key(sc[t]);
-            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 0xFF], 1u);
+        for (int64_t u = threadIdx.x; u < valid; u += blockDim.x) {
+            const uint32_t key = order_key(COLI_LOAD_GRID(sc + u));
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -567,22 +663,22 @@ __global__ void index_select_kernel(const float *scores, uint8_t *sel, const int
         need = need_s;
     }
     /* prefix: the topk-th key; need: how many keys equal to it are taken (the earliest) */
-    const int64_t per = (valid + blockDim.x - 1) / blockDim.x, b0 = threadIdx.x * per;
+    const int64_t each = (valid + blockDim.x - 1) / blockDim.x, u0 = threadIdx.x * each;
     int64_t eq = 0;
-    for (int64_t t = b0; t < b0 + per && t < valid; t++) eq += order_key(sc[t]) == prefix;
-    counts[threadIdx.x] = eq;
+    for (int64_t u = u0; u < u0 + each && u < valid; u++) eq += order_key(COLI_LOAD_GRID(sc + u)) == prefix;
+    eqs[threadIdx.x] = eq;
     __syncthreads();
     if (threadIdx.x == 0)
-        for (int i = 1; i < (int)blockDim.x; i++) counts[i] += counts[i - 1];
+        for (int i = 1; i < (int)blockDim.x; i++) eqs[i] += eqs[i - 1];
     __syncthreads();
-    int64_t before = threadIdx.x ? counts[threadIdx.x - 1] : 0;
-    for (int64_t t = b0; t < b0 + per && t < valid; t++) {
-        const uint32_t k = order_key(sc[t]);
-        uint8_t on = k > prefix;
-        if (k == prefix) on = before++ < (int64_t)need;
-        s[t] = on;
+    int64_t before = threadIdx.x ? eqs[threadIdx.x - 1] : 0;
+    for (int64_t u = u0; u < u0 + each && u < valid; u++) {
+        const uint32_t key = order_key(COLI_LOAD_GRID(sc + u));
+        uint8_t on = key > prefix;
+        if (key == prefix) on = before++ < (int64_t)need;
+        s[u] = on;
     }
-    for (int64_t t = valid + threadIdx.x; t < total; t += blockDim.x) s[t] = 0;
+    for (int64_t u = valid + threadIdx.x; u < total; u += blockDim.x) s[u] = 0;
 }
 
 /* ---- attention ------------------------------------------------------------------- */
@@ -591,32 +687,41 @@ __global__ void index_select_kernel(const float *scores, uint8_t *sel, const int
  * decoded token's few (query, head) pairs still fill the GPU at long contexts. */
 #define ATTEND_CHUNK 256
 
+/* Keys scored at once by a warp of attend_part_kernel: lanes in groups of
+ * 32 / ATTEND_KEYS, a key a group, so a warp has that many keys' loads in flight. */
+#define ATTEND_KEYS 4
+
 /* One block per (row, head, chunk of keys): the chunk's selected scores, their max
  * m, sum of exp(score - m) and the exp-weighted v, into part[(pair, chunk)] as
- * [m, sum, v...]; a chunk with no selected key (or past the query) has sum 0. */
+ * [m, sum, v...]; a chunk with no selected key has sum 0. The chunks past the
+ * query leave at once; the last of the others to finish (counts[pair]) combines
+ * them: out = sum over chunks of exp(m_c - M) v_c / sum over chunks of
+ * exp(m_c - M) sum_c, M the largest m of a chunk with a selected key. */
 __global__ void attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
-                                   const int64_t *pos, int64_t heads, int64_t qk, int64_t vdim, int64_t stride,
-                                   float scaling) {
+                                   int32_t *counts, float *attn, const int64_t *pos, int64_t heads, int64_t qk,
+                                   int64_t vdim, int64_t stride, float scaling) {
     STEP_KERNEL_BEGIN();
     __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
     const int64_t pair = blockIdx.x, row = pair / heads, h = pair % heads, last = *pos + row;
     const int64_t t0 = (int64_t)blockIdx.y * ATTEND_CHUNK, t1 = t0 + ATTEND_CHUNK - 1 < last ? t0 + ATTEND_CHUNK - 1 : last;
-    float *out = part + (pair * gridDim.y + blockIdx.y) * (vdim + 2);
-    if (t0 > last) { /* a whole block leaves together: no barrier is skipped by some */
-        if (threadIdx.x == 0) out[0] = -INFINITY, out[1] = 0.0f;
-        return;
-    }
+    if (t0 > last) return; /* a whole block leaves together: no barrier is skipped by some */
+    float *pp = part + pair * gridDim.y * (vdim + 2), *out = pp + blockIdx.y * (vdim + 2);
     const float *qr = q + pair * qk;
     const uint8_t *sr = sel + row * stride;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    for (int64_t t = t0 + warp; t <= t1; t += nw) {
+    constexpr int G = WARP / ATTEND_KEYS; /* lanes a key */
+    const int sub = lane % G;
+    for (int64_t base = t0 + warp * ATTEND_KEYS; base <= t1; base += nw * ATTEND_KEYS) {
+        const int64_t t = base + lane / G;
+        const bool in = t <= t1, on = in && sr[t];
         float d = 0.0f;
-        if (sr[t]) {
+        if (in) { /* the key's row is read whether or not it is selected: no load waits on sel's */
             const float *kt = k + (t * heads + h) * qk;
-            for (int64_t i = lane; i < qk; i += WARP) d += qr[i] * kt[i];
-            d = warp_sum(d) * scaling;
+            for (int64_t i = sub; i < qk; i += G) d += qr[i] * kt[i];
         }
-        if (lane == 0) p[t - t0] = sr[t] ? d : -INFINITY;
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) d += COLI_SHFL_XOR(d, o);
+        if (in && sub == 0) p[t - t0] = on ? d * scaling : -INFINITY;
     }
     __syncthreads();
     float mx = -INFINITY;
@@ -634,6 +739,7 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         const int64_t groups = blockDim.x / vdim, g = threadIdx.x / vdim, d = threadIdx.x % vdim;
         float a = 0.0f;
         if (g < groups)
+#pragma unroll 4
             for (int64_t t = t0 + g; t <= t1; t += groups) a += p[t - t0] * v[(t * heads + h) * vdim + d];
         acc[threadIdx.x] = a;
         __syncthreads();
@@ -650,26 +756,23 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         }
     }
     if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
-}
-
-/* out[pair] = sum over chunks of exp(m_c - M) * v_c / sum over chunks of exp(m_c - M) * sum_c. */
-__global__ void attend_combine_kernel(const float *part, float *out, int64_t chunks, int64_t vdim) {
-    STEP_KERNEL_BEGIN();
-    const int64_t pair = blockIdx.x;
-    const float *pp = part + pair * chunks * (vdim + 2);
+    const int64_t chunks = last / ATTEND_CHUNK + 1 < (int64_t)gridDim.y ? last / ATTEND_CHUNK + 1 : gridDim.y;
+    if (!last_block(counts + pair, (int32_t)chunks)) return;
     float M = -INFINITY;
     for (int64_t c = 0; c < chunks; c++)
-        if (pp[c * (vdim + 2) + 1] > 0.0f) M = fmaxf(M, pp[c * (vdim + 2)]);
+        if (COLI_LOAD_GRID(pp + c * (vdim + 2) + 1) > 0.0f) M = fmaxf(M, COLI_LOAD_GRID(pp + c * (vdim + 2)));
     float total = 0.0f;
     for (int64_t c = 0; c < chunks; c++) {
-        const float s = pp[c * (vdim + 2) + 1];
-        if (s > 0.0f) total += expf(pp[c * (vdim + 2)] - M) * s;
+        const float s = COLI_LOAD_GRID(pp + c * (vdim + 2) + 1);
+        if (s > 0.0f) total += expf(COLI_LOAD_GRID(pp + c * (vdim + 2)) - M) * s;
     }
     for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
         float a = 0.0f;
-        for (int64_t c = 0; c < chunks; c++)
-            if (pp[c * (vdim + 2) + 1] > 0.0f) a += expf(pp[c * (vdim + 2)] - M) * pp[c * (vdim + 2) + 2 + d];
-        out[pair * vdim + d] = a / total;
+        for (int64_t c = 0; c < chunks; c++) {
+            const float *pc = pp + c * (vdim + 2);
+            if (COLI_LOAD_GRID(pc + 1) > 0.0f) a += expf(COLI_LOAD_GRID(pc) - M) * COLI_LOAD_GRID(pc + 2 + d);
+        }
+        attn[pair * vdim + d] = a / total;
     }
 }
 
