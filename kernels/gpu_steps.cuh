@@ -308,7 +308,7 @@ __global__ void route_kernel(const float *logits, const float *bias, int32_t *id
         __syncthreads(); /* the block is one warp */
     }
     int32_t *ri = idx + (int64_t)blockIdx.x * k;
-    float *rw = w + (int64_t)blockIdx.x * k, sum = 0.0f;
+    float *rw = w + (int64_t)blockIdx.x * k, sum = 0.0f, mine = 0.0f; /* mine: pick `lane`'s score */
     for (int j = 0; j < k; j++) {
         float v = -INFINITY;
         int best = -1;
@@ -316,13 +316,17 @@ __global__ void route_kernel(const float *logits, const float *bias, int32_t *id
             if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > v)) v = choice[e], best = e;
         warp_best(v, best);
         if (best < 0) best = 0;
-        if (lane == 0) taken[best] = 1, ri[j] = best, rw[j] = score[best];
+        if (lane == 0) taken[best] = 1, ri[j] = best;
+        if (j == lane) mine = score[best];
         sum += score[best];
         __syncthreads(); /* the block is one warp */
     }
     sum += 1e-20f;
-    if (lane == 0)
-        for (int j = 0; j < k; j++) rw[j] = (norm ? rw[j] / sum : rw[j]) * scaling;
+    /* the weights: lane j writes pick j's, held since its pick (and j + 32's, ...) */
+    for (int j = lane; j < k; j += WARP) {
+        const float sj = j == lane ? mine : score[ri[j]];
+        rw[j] = (norm ? sj / sum : sj) * scaling;
+    }
 }
 
 /* ---- the routed experts -------------------------------------------------------- */
@@ -374,7 +378,8 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     const int32_t e = idx[pair];
     if (i >= inter || e < 0 || e >= experts) return;
     const float *xr = x + pair / k * hid;
-    const float g = weight_row_dot<FORMAT>(ws[3 * e], i, xr, lane), u = weight_row_dot<FORMAT>(ws[3 * e + 1], i, xr, lane);
+    const dev_weight wg = ws[3 * e], wu = ws[3 * e + 1]; /* both read before either dot: one wait, not two */
+    const float g = weight_row_dot<FORMAT>(wg, i, xr, lane), u = weight_row_dot<FORMAT>(wu, i, xr, lane);
     if (lane == 0) gu[pair * inter + i] = dev_silu(g) * u;
 }
 
