@@ -12,9 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
-grep -E "^validate" "$out/build.txt"
-python3 bench/make_synthetic.py "$work/large" > /dev/null
-ids=$(python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range(12)))")
+source bench/gpu_large.sh
 q=${QUANT:-int8}
 run() { # label, then the environment's assignments
   local label=$1

@@ -6,9 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
-grep -E "^validate" "$out/build.txt"
-python3 bench/make_synthetic.py "$work/large" > /dev/null
-ids=$(python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range(12)))")
+source bench/gpu_large.sh
 for q in int8 int4; do
   "$HOST" --model "$work/large" --ids "$ids" --generate 128 --quant $q --backend "$LIB" --json | python3 -c "
 import json, sys
