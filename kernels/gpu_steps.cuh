@@ -701,7 +701,8 @@ __global__ void indexer_kernel(const float *iq, const float *iw, const float *ke
  * [m, sum, v...]; a chunk with no selected key has sum 0. The chunks past the
  * query leave at once; the last of the others to finish (counts[pair]) combines
  * them: out = sum over chunks of exp(m_c - M) v_c / sum over chunks of
- * exp(m_c - M) sum_c, M the largest m of a chunk with a selected key. */
+ * exp(m_c - M) sum_c, M the largest m of a chunk with a selected key. Where the
+ * query's keys fit one chunk (a short context) its block writes out itself. */
 __global__ void attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
                                    int32_t *counts, float *attn, const int64_t *pos, int64_t heads, int64_t qk,
                                    int64_t vdim, int64_t stride, float scaling) {
@@ -739,6 +740,10 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         sum += e;
     }
     sum = block_sum(sum, red); /* its barriers also order the writes of p before the reads below */
+    /* One chunk (the query's keys fit one): its v over its sum is the combine's value
+     * (exp(m - M) is 1), written at once; else the chunk's part for the combine. */
+    const int64_t chunks = last / ATTEND_CHUNK + 1 < (int64_t)gridDim.y ? last / ATTEND_CHUNK + 1 : gridDim.y;
+    float *const one = chunks == 1 ? attn + pair * vdim : NULL;
     /* the weighted v: groups of vdim threads take every groups-th key, then add up */
     if (vdim <= (int64_t)blockDim.x) {
         const int64_t groups = blockDim.x / vdim, g = threadIdx.x / vdim, d = threadIdx.x % vdim;
@@ -751,17 +756,19 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         if (threadIdx.x < vdim) {
             float total = 0.0f;
             for (int64_t gg = 0; gg < groups; gg++) total += acc[gg * vdim + threadIdx.x];
-            out[2 + threadIdx.x] = total;
+            if (one) one[threadIdx.x] = total / sum;
+            else out[2 + threadIdx.x] = total;
         }
     } else {
         for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
             float a = 0.0f;
             for (int64_t t = t0; t <= t1; t++) a += p[t - t0] * v[(t * heads + h) * vdim + d];
-            out[2 + d] = a;
+            if (one) one[d] = a / sum;
+            else out[2 + d] = a;
         }
     }
+    if (one) return;
     if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
-    const int64_t chunks = last / ATTEND_CHUNK + 1 < (int64_t)gridDim.y ? last / ATTEND_CHUNK + 1 : gridDim.y;
     if (!last_block(counts + pair, (int32_t)chunks)) return;
     float M = -INFINITY;
     for (int64_t c = 0; c < chunks; c++)
