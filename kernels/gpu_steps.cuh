@@ -368,6 +368,53 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
 }
 
+/* A row of up to ROW_HELD words a lane in registers: weight_row_dot's words path with
+ * every word (and int4 scale) of the lane loaded before any is used, so a decode's
+ * expert rows wait for memory once, not once per few words. */
+#define ROW_HELD 16
+template <int FORMAT> __device__ inline bool row_held(const dev_weight &w) {
+    constexpr int PW = fmt<FORMAT>::per_word;
+    return w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0) &&
+           w.cols / PW <= ROW_HELD * WARP;
+}
+
+template <int FORMAT>
+__device__ inline void row_words(const dev_weight &w, int64_t row, int lane, uint32_t (&q)[ROW_HELD],
+                                 float (&sc)[ROW_HELD]) {
+    constexpr int PW = fmt<FORMAT>::per_word;
+    const int64_t per_row = w.cols / PW, base = row * per_row;
+    const uint32_t *words = (const uint32_t *)w.q;
+#pragma unroll
+    for (int j = 0; j < ROW_HELD; j++) {
+        const int64_t wn = lane + (int64_t)j * WARP;
+        q[j] = wn < per_row ? words[w.layout ? mma_word(base + wn) : base + wn] : 0u;
+        sc[j] = FORMAT == COLI_FMT_Q4 && wn < per_row ? w.scale[row * (w.cols / w.group) + wn * PW / w.group] : 0.0f;
+    }
+}
+
+/* weight_row_dot's value from the held words: the same products in the same order. */
+template <int FORMAT>
+__device__ inline float row_dot_held(const dev_weight &w, int64_t row, const float *x, int lane,
+                                     const uint32_t (&q)[ROW_HELD], const float (&sc)[ROW_HELD]) {
+    constexpr int PW = fmt<FORMAT>::per_word;
+    const int64_t per_row = w.cols / PW;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROW_HELD; j++) {
+        const int64_t wn = lane + (int64_t)j * WARP;
+        if (wn >= per_row) break;
+        float v[PW];
+        dequant<FORMAT>(q[j], v);
+        const float *xs = x + wn * PW;
+        float part = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PW; k++) part += v[k] * xs[k];
+        acc += FORMAT == COLI_FMT_Q4 ? part * sc[j] : part;
+    }
+    acc = warp_sum(acc);
+    return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
+}
+
 /* gu[pair][i] = silu(gate_e x . ) * (up_e x), pair = (row, j) with e = idx[pair]; a warp an output. */
 template <int FORMAT>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
@@ -379,7 +426,16 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     if (i >= inter || e < 0 || e >= experts) return;
     const float *xr = x + pair / k * hid;
     const dev_weight wg = ws[3 * e], wu = ws[3 * e + 1]; /* both read before either dot: one wait, not two */
-    const float g = weight_row_dot<FORMAT>(wg, i, xr, lane), u = weight_row_dot<FORMAT>(wu, i, xr, lane);
+    float g, u;
+    if (row_held<FORMAT>(wg) && row_held<FORMAT>(wu)) {
+        uint32_t qg[ROW_HELD], qu[ROW_HELD];
+        float sg[ROW_HELD], su[ROW_HELD];
+        row_words<FORMAT>(wg, i, lane, qg, sg);
+        row_words<FORMAT>(wu, i, lane, qu, su);
+        g = row_dot_held<FORMAT>(wg, i, xr, lane, qg, sg), u = row_dot_held<FORMAT>(wu, i, xr, lane, qu, su);
+    } else {
+        g = weight_row_dot<FORMAT>(wg, i, xr, lane), u = weight_row_dot<FORMAT>(wu, i, xr, lane);
+    }
     if (lane == 0) gu[pair * inter + i] = dev_silu(g) * u;
 }
 
