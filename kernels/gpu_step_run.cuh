@@ -413,7 +413,12 @@ static void launch_add_rmsnorm(const coli_rec *r, const gpu_unit *u, cudaStream_
  * add_rmsnorm for the fused units. COLI_GPU_OMIT_AS=empty launches a one-block empty
  * kernel in each one's place instead, so the difference between the two is the work
  * beyond a launch. The results are wrong while it is set: bench/gpu_decode_parts.sh. */
-enum { OMIT_SLOTS = 16 + 3 + 1, OMIT_FUSED = 16 + 3 };
+/* An op's kind for COLI_GPU_PROFILE and COLI_GPU_OMIT: matmuls by format after the ops. */
+enum { PROFILE_KINDS = 16 + 3, OMIT_FUSED = PROFILE_KINDS, OMIT_SLOTS = PROFILE_KINDS + 1 };
+static int profile_slot(const coli_rec_op *o) {
+    return o->op.kind == COLI_OP_MATMUL ? 16 + o->w[0]->format : o->op.kind;
+}
+
 __global__ void omitted_kernel(void) {}
 static const char *omit_name(int slot) {
     static const char *const fmts[] = {"matmul-f32", "matmul-int8", "matmul-int4"};
@@ -461,11 +466,10 @@ static coli_status launch_ops(const coli_rec *r, const gpu_rec *g) {
         for (int32_t q = 0; q < g->queues; q++)
             if (pl->wait[q] >= 0) GPU_CHECK(cudaStreamWaitEvent(st, g->done[pl->wait[q]], 0));
         const coli_rec_op *first = &r->ops[unit->first];
-        const int slot = unit->len > 1 ? (int)OMIT_FUSED
-                         : first->op.kind == COLI_OP_MATMUL ? 16 + first->w[0]->format : first->op.kind;
-        if (omit(slot, st)) {
-        } else if (unit->len == 1) launch_op(first, unit->first, g, st);
-        else launch_add_rmsnorm(r, unit, st);
+        if (!omit(unit->len > 1 ? (int)OMIT_FUSED : profile_slot(first), st)) {
+            if (unit->len == 1) launch_op(first, unit->first, g, st);
+            else launch_add_rmsnorm(r, unit, st);
+        }
         if (pl->waited) GPU_CHECK(cudaEventRecord(g->done[u], st));
     }
     for (int32_t q = 1; q < g->queues; q++) {
@@ -484,17 +488,12 @@ static bool use_graphs(void) {
 /* COLI_GPU_PROFILE=1: every run launches its ops one by one, each between two
  * events, and the time per op kind (matmuls by format) is printed to stderr when
  * the backend shuts down: where a step's GPU time goes, with no profiler. */
-enum { PROFILE_KINDS = 16 + 3 };
 static double g_profile_ms[PROFILE_KINDS];
 static int64_t g_profile_calls[PROFILE_KINDS];
 static bool profiling(void) {
     static int on = -1;
     if (on < 0) on = getenv("COLI_GPU_PROFILE") != NULL;
     return on != 0;
-}
-
-static int profile_slot(const coli_rec_op *o) {
-    return o->op.kind == COLI_OP_MATMUL ? 16 + o->w[0]->format : o->op.kind;
 }
 
 static coli_status profile_run(const coli_rec *r, const gpu_rec *g, cudaStream_t s) {

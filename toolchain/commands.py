@@ -44,7 +44,7 @@ class Command:
     env: Mapping[str, str] = field(default_factory=dict)  # overrides
     unset: tuple[str, ...] = ()
     cwd: Path | None = None
-    before: tuple[tuple[str, ...], ...] = ()  # steps run first, same env and cwd (e.g. a compile before a link)
+    before: tuple[tuple[str, ...], ...] = ()  # steps run first: same env, and cwd unless staged
     mkdirs: tuple[Path, ...] = ()  # build-local folders the steps write to (objects, TMPDIR)
     # (name, source) pairs copied to a folder named by their content (staging.py), where
     # the `before` steps then run: a compile that names its sources' folder, cached.
