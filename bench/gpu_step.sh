@@ -8,7 +8,7 @@
 # prompt (the step, the step without graphs, overlapped launches, fused ops or side
 # streams, the matmuls-only tier), a 256-token prefill, and decode after a 4,000-token
 # prompt, beside the device's copy bandwidth measured in the same run; and where the
-# GPU time of a decode and of a prefill goes. Results go to ${OUT:-bench/out}.
+# GPU time of a decode, of a prefill and of a decode after a long prompt goes. Results go to ${OUT:-bench/out}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
@@ -83,4 +83,11 @@ cat "$out/profile.txt"
 COLI_GPU_PROFILE=1 "$HOST" --model "$work/large" --ids "$(prompt 256 1)" --generate 1 --quant int8 --backend "$LIB" \
   2> "$out/profile-prefill.txt" > /dev/null
 cat "$out/profile-prefill.txt"
+# and a decoded token's after a 4,000-token prompt: 33 tokens less 1, so the prompt's
+# prefill drops out
+for g in 1 33; do
+  COLI_GPU_PROFILE=1 "$HOST" --model "$work/large" --ids "$(prompt 4000 1)" --generate "$g" --quant int8 \
+    --backend "$LIB" 2> "$out/profile-long-$g.txt" > /dev/null
+done
+python3 bench/gpu_profile_diff.py "$out/profile-long-1.txt" "$out/profile-long-33.txt" 32 | tee "$out/profile-long.txt"
 exit "$rc"

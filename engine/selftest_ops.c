@@ -244,10 +244,14 @@ static void check_rows(coli_backend *b, op_check *checks, int *pn) {
 
 static void check_attention(coli_backend *b, op_check *checks, int *pn) {
     int n = *pn;
-    for (int at = 0; at < 2; at++) {
-        const int64_t pos = at ? 100 : 10, rows = 3, heads = 4, dim = 32, topk = 50, stride = 128;
+    /* past 4,096 keys a GPU's selection holds only some in registers; with few distinct
+     * keys (at 3) their scores tie at the cut, and the earliest of the equal are taken */
+    for (int at = 0; at < 4; at++) {
+        static const int64_t at_pos[] = {10, 100, 4500, 4500};
+        const int64_t pos = at_pos[at], rows = 3, heads = at == 1 ? 10 : 4, dim = 32, topk = 50, stride = pos + 28;
         const int64_t keys = pos + rows;
-        BEGIN("indexer", "3 queries of 4 heads, dim 32, top 50 of %lld keys", (long long)keys);
+        BEGIN("indexer", "3 queries of %lld heads, dim 32, top 50 of %lld keys%s", (long long)heads, (long long)keys,
+              at == 3 ? ", 10 distinct" : "");
         float *iq = F(rows * heads * dim), *iw = F(rows * heads), *kv = F(keys * dim);
         uint8_t *ref = take(&A, (size_t)(rows * stride)), *got = take(&A, (size_t)(rows * stride));
         coli_scored *sc = take(&A, (size_t)keys * sizeof *sc);
@@ -256,6 +260,8 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
             snprintf(c->message, sizeof c->message, "out of host memory");
         } else {
             fill(iq, rows * heads * dim, 1.0f), fill(iw, rows * heads, 1.0f), fill(kv, keys * dim, 1.0f);
+            if (at == 3)
+                for (int64_t t = 10; t < keys; t++) memcpy(kv + t * dim, kv + (t % 10) * dim, (size_t)dim * sizeof *kv);
             for (int64_t r = 0; r < rows; r++) {
                 const int64_t valid = pos + r + 1;
                 if (valid > topk) coli_index_scores(iq + r * heads * dim, iw + r * heads, 0.5f, kv, heads, dim, 0, valid, sc);

@@ -189,7 +189,7 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
             g->plane_slot[k] = matmuls++ % PLANE_SLOTS;
         } else if (o->op.kind == COLI_OP_INDEXER || o->op.kind == COLI_OP_ATTEND) {
             /* the indexer's scores [rows, sel_stride]; attention's parts [rows * heads, chunks, vdim + 2] */
-            const int64_t chunks = (i[4] + ATTEND_CHUNK - 1) / ATTEND_CHUNK;
+            const int64_t chunks = attend_chunks(i[4]);
             const size_t b = (size_t)(o->op.kind == COLI_OP_ATTEND ? i[0] * i[1] * chunks * (i[3] + 2) : i[0] * i[4]) *
                              sizeof(float);
             scores = b > scores ? b : scores;
@@ -370,7 +370,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
-        const int64_t chunks = (a.sel_stride + ATTEND_CHUNK - 1) / ATTEND_CHUNK, pairs = a.rows * a.heads;
+        const int64_t chunks = attend_chunks(a.sel_stride), pairs = a.rows * a.heads;
         launch_early(chain_calls(), attend_part_kernel, dim3((unsigned)pairs, (unsigned)chunks), dim3(STEP_THREADS), 0,
             st, a.q, a.k, a.v, a.sel, g->scores, g->counts, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
         break;

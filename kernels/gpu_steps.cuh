@@ -665,12 +665,123 @@ __device__ inline bool last_block(int32_t *counter, int32_t blocks) {
     return last != 0;
 }
 
+/* Values of the scores each thread of the selection holds in registers (the rest,
+ * past SELECT_HELD * blockDim.x keys, are read again each pass). */
+#define SELECT_HELD 16
+
+/* The radix selection's bin, in the first warp: the highest bin b whose count with
+ * the bins above it reaches need; need then less the bins above b. Lane l sums bins
+ * 8l..8l+7, the lanes' sums from the top are scanned, and the lane where they reach
+ * need walks its eight: what a walk down from bin 255 finds (the bins matching the
+ * prefix hold at least need keys). */
+__device__ inline void select_bin(const uint32_t *hist, int shift, uint32_t prefix, uint32_t need,
+                                  uint32_t *prefix_out, uint32_t *need_out, uint32_t *equal_out) {
+    const int lane = threadIdx.x;
+    uint32_t own = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) own += hist[8 * lane + j];
+    uint32_t above = own; /* this lane's bins and every higher lane's */
+#pragma unroll
+    for (int o = 1; o < WARP; o <<= 1) {
+        const uint32_t t = COLI_SHFL(above, lane + o < WARP ? lane + o : lane);
+        if (lane + o < WARP) above += t;
+    }
+    uint32_t reach = above >= need; /* the lanes 0..L, L the lane where the sums reach need */
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) reach += COLI_SHFL_XOR(reach, o);
+    const int at = reach ? (int)reach - 1 : 0;
+    if (lane != at) return;
+    uint32_t left = need - (above - own);
+    int b = 8 * lane + 7;
+    for (; b > 8 * lane && hist[b] < left; b--) left -= hist[b];
+    *prefix_out = prefix | ((uint32_t)b << shift);
+    *need_out = left;
+    *equal_out = hist[b];
+}
+
+/* How many of v the threads before this one hold (a block's exclusive scan). */
+__device__ inline uint32_t block_before(uint32_t v, uint32_t *warps) {
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    uint32_t incl = v;
+#pragma unroll
+    for (int o = 1; o < WARP; o <<= 1) {
+        const uint32_t t = COLI_SHFL(incl, lane >= o ? lane - o : lane);
+        if (lane >= o) incl += t;
+    }
+    __syncthreads();
+    if (lane == WARP - 1) warps[w] = incl;
+    __syncthreads();
+    uint32_t before = incl - v;
+    for (int i = 0; i < w; i++) before += warps[i];
+    return before;
+}
+
+/* The topk best of a query's `valid` scores into its selection s (ties to the
+ * earlier key), and s cleared from valid to total: the topk-th largest key by radix
+ * selection (a byte a pass, its held keys in registers), then the keys above it
+ * and the earliest of those equal to it. Where every key equal to it is taken (no
+ * tie at the cut) each key is decided alone; else each thread takes a stretch of
+ * keys in order and counts the equal ones before it. */
+__device__ inline void select_topk(const float *sc, uint8_t *s, int64_t valid, int64_t total, uint32_t need) {
+    __shared__ uint32_t hist[256], warps[STEP_THREADS / WARP];
+    __shared__ uint32_t prefix_s, need_s, equal_s;
+    const int64_t held_n = (int64_t)SELECT_HELD * blockDim.x;
+    uint32_t held[SELECT_HELD];
+#pragma unroll
+    for (int k = 0; k < SELECT_HELD; k++) {
+        const int64_t u = threadIdx.x + (int64_t)k * blockDim.x;
+        held[k] = u < valid ? order_key(COLI_LOAD_GRID(sc + u)) : 0u;
+    }
+    uint32_t prefix = 0, equal = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        const uint32_t mask = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);
+#pragma unroll
+        for (int k = 0; k < SELECT_HELD; k++)
+            if (threadIdx.x + (int64_t)k * blockDim.x < valid && (held[k] & mask) == prefix)
+                atomicAdd(&hist[(held[k] >> shift) & 0xFF], 1u);
+        for (int64_t u = held_n + threadIdx.x; u < valid; u += blockDim.x) {
+            const uint32_t key = order_key(COLI_LOAD_GRID(sc + u));
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < WARP) select_bin(hist, shift, prefix, need, &prefix_s, &need_s, &equal_s);
+        __syncthreads();
+        prefix = prefix_s, need = need_s, equal = equal_s;
+    }
+    if (need == equal) {
+#pragma unroll
+        for (int k = 0; k < SELECT_HELD; k++) {
+            const int64_t u = threadIdx.x + (int64_t)k * blockDim.x;
+            if (u < valid) s[u] = held[k] >= prefix;
+        }
+        for (int64_t u = held_n + threadIdx.x; u < valid; u += blockDim.x)
+            s[u] = order_key(COLI_LOAD_GRID(sc + u)) >= prefix;
+    } else {
+        const int64_t each = (valid + blockDim.x - 1) / blockDim.x, u0 = threadIdx.x * each;
+        uint32_t eq = 0;
+        for (int64_t u = u0; u < u0 + each && u < valid; u++) eq += order_key(COLI_LOAD_GRID(sc + u)) == prefix;
+        uint32_t before = block_before(eq, warps);
+        for (int64_t u = u0; u < u0 + each && u < valid; u++) {
+            const uint32_t key = order_key(COLI_LOAD_GRID(sc + u));
+            uint8_t on = key > prefix;
+            if (key == prefix) on = before++ < need;
+            s[u] = on;
+        }
+    }
+    for (int64_t u = valid + threadIdx.x; u < total; u += blockDim.x) s[u] = 0;
+}
+
+/* Heads of the indexer a warp scores side by side: their sums are independent, so
+ * their loads and lane exchanges overlap. */
+#define INDEX_HEADS 8
+
 /* The DSA indexer, one kernel: a block per 8 keys of a query (row), a warp a key.
  * A query that sees no more than topk keys selects them all, and its scores are not
  * needed: each block writes its keys' selection and leaves. Else scores[row][t] for
- * keys t <= p + row, and the last of the row's blocks to finish (counts[row]) selects
- * the topk best (ties to the earlier key): the topk-th largest key by radix
- * selection, the keys above it, and the earliest of those equal to it. */
+ * keys t <= p + row (the heads' terms added in head order), and the last of the
+ * row's blocks to finish (counts[row]) selects the topk best (select_topk). */
 __global__ void indexer_kernel(const float *iq, const float *iw, const float *keys, float *scores, uint8_t *sel,
                                int32_t *counts, const int64_t *pos, int64_t heads, int64_t dim, int64_t stride,
                                int64_t topk, int64_t rows, float weight_scale) {
@@ -689,83 +800,72 @@ __global__ void indexer_kernel(const float *iq, const float *iw, const float *ke
     if (t < valid) {
         const float scale = 1.0f / sqrtf((float)dim);
         float total_score = 0.0f;
-        for (int64_t h = 0; h < heads; h++) {
-            const float *q = iq + (row * heads + h) * dim;
-            float d = 0.0f;
-            for (int64_t i = lane; i < dim; i += WARP) d += q[i] * keys[t * dim + i];
-            d = warp_sum(d) * scale;
-            total_score += (iw[row * heads + h] * weight_scale) * (d > 0.0f ? d : 0.0f);
+        for (int64_t h0 = 0; h0 < heads; h0 += INDEX_HEADS) {
+            float d[INDEX_HEADS];
+#pragma unroll
+            for (int j = 0; j < INDEX_HEADS; j++) d[j] = 0.0f;
+            for (int64_t i = lane; i < dim; i += WARP) {
+                const float kv = keys[t * dim + i];
+#pragma unroll
+                for (int j = 0; j < INDEX_HEADS; j++)
+                    if (h0 + j < heads) d[j] += iq[(row * heads + h0 + j) * dim + i] * kv;
+            }
+#pragma unroll
+            for (int j = 0; j < INDEX_HEADS; j++) d[j] = warp_sum(d[j]) * scale;
+#pragma unroll
+            for (int j = 0; j < INDEX_HEADS; j++)
+                if (h0 + j < heads) total_score += (iw[row * heads + h0 + j] * weight_scale) * (d[j] > 0.0f ? d[j] : 0.0f);
         }
         if (lane == 0) sc[t] = total_score;
     }
     if (!last_block(counts + row, (int32_t)((valid + per - 1) / per))) return;
-    __shared__ uint32_t hist[256];
-    __shared__ uint32_t prefix_s, need_s;
-    __shared__ int64_t eqs[STEP_THREADS];
-    uint32_t prefix = 0, need = (uint32_t)topk; /* need: how many of those matching prefix are still wanted */
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        const uint32_t mask = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);
-        for (int64_t u = threadIdx.x; u < valid; u += blockDim.x) {
-            const uint32_t key = order_key(COLI_LOAD_GRID(sc + u));
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t left = need;
-            int b = 255;
-            for (; b > 0 && hist[b] < left; b--) left -= hist[b];
-            prefix_s = prefix | ((uint32_t)b << shift);
-            need_s = left;
-        }
-        __syncthreads();
-        prefix = prefix_s;
-        need = need_s;
-    }
-    /* prefix: the topk-th key; need: how many keys equal to it are taken (the earliest) */
-    const int64_t each = (valid + blockDim.x - 1) / blockDim.x, u0 = threadIdx.x * each;
-    int64_t eq = 0;
-    for (int64_t u = u0; u < u0 + each && u < valid; u++) eq += order_key(COLI_LOAD_GRID(sc + u)) == prefix;
-    eqs[threadIdx.x] = eq;
-    __syncthreads();
-    if (threadIdx.x == 0)
-        for (int i = 1; i < (int)blockDim.x; i++) eqs[i] += eqs[i - 1];
-    __syncthreads();
-    int64_t before = threadIdx.x ? eqs[threadIdx.x - 1] : 0;
-    for (int64_t u = u0; u < u0 + each && u < valid; u++) {
-        const uint32_t key = order_key(COLI_LOAD_GRID(sc + u));
-        uint8_t on = key > prefix;
-        if (key == prefix) on = before++ < (int64_t)need;
-        s[u] = on;
-    }
-    for (int64_t u = valid + threadIdx.x; u < total; u += blockDim.x) s[u] = 0;
+    select_topk(sc, s, valid, total, (uint32_t)topk);
 }
 
 /* ---- attention ------------------------------------------------------------------- */
 
-/* Keys a block of attend_part_kernel takes: a query's keys split over blocks, so a
- * decoded token's few (query, head) pairs still fill the GPU at long contexts. */
+/* Keys a block of attend_part_kernel takes: a query whose keys fit ATTEND_CHUNK
+ * takes them in one block, which writes its output itself; a longer one splits
+ * them over blocks of ATTEND_SPLIT, so a decoded token's few (query, head) pairs
+ * still fill the GPU and each block walks few keys. */
 #define ATTEND_CHUNK 256
+#define ATTEND_SPLIT 64
+
+/* The blocks a query of `keys` keys may split into (the grid's y; a part each). */
+static inline int64_t attend_chunks(int64_t keys) { return (keys + ATTEND_SPLIT - 1) / ATTEND_SPLIT; }
 
 /* Keys scored at once by a warp of attend_part_kernel: lanes in groups of
  * 32 / ATTEND_KEYS, a key a group, so a warp has that many keys' loads in flight. */
 #define ATTEND_KEYS 4
 
-/* One block per (row, head, chunk of keys): the chunk's selected scores, their max
+/* A block's sum of a[] over its threads in groups of `width` (width <= blockDim.x):
+ * thread g * width + d gives its part of column d; the threads below width get the
+ * column's total, the groups' parts added in group order. */
+__device__ inline float columns_sum(float a, float *acc, int64_t width) {
+    const int64_t groups = blockDim.x / width;
+    acc[threadIdx.x] = a;
+    __syncthreads();
+    float total = 0.0f;
+    if (threadIdx.x < width)
+        for (int64_t g = 0; g < groups; g++) total += acc[g * width + threadIdx.x];
+    return total;
+}
+
+/* One block per (row, head, span of keys): the span's selected scores, their max
  * m, sum of exp(score - m) and the exp-weighted v, into part[(pair, chunk)] as
- * [m, sum, v...]; a chunk with no selected key has sum 0. The chunks past the
- * query leave at once; the last of the others to finish (counts[pair]) combines
- * them: out = sum over chunks of exp(m_c - M) v_c / sum over chunks of
- * exp(m_c - M) sum_c, M the largest m of a chunk with a selected key. Where the
- * query's keys fit one chunk (a short context) its block writes out itself. */
+ * [m, sum, v...]; a span with no selected key has sum 0. The spans past the query
+ * leave at once; the last of the others to finish (counts[pair]) combines them:
+ * out = sum over spans of w_c v_c / sum over spans of w_c sum_c, w_c = exp(m_c - M)
+ * (0 for a span with no selected key), M the largest m of those with one. Where the
+ * query's keys fit one ATTEND_CHUNK its block writes out itself. */
 __global__ void attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
                                    int32_t *counts, float *attn, const int64_t *pos, int64_t heads, int64_t qk,
                                    int64_t vdim, int64_t stride, float scaling) {
     STEP_KERNEL_BEGIN();
     __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
     const int64_t pair = blockIdx.x, row = pair / heads, h = pair % heads, last = *pos + row;
-    const int64_t t0 = (int64_t)blockIdx.y * ATTEND_CHUNK, t1 = t0 + ATTEND_CHUNK - 1 < last ? t0 + ATTEND_CHUNK - 1 : last;
+    const int64_t span = last < ATTEND_CHUNK ? ATTEND_CHUNK : ATTEND_SPLIT;
+    const int64_t t0 = (int64_t)blockIdx.y * span, t1 = t0 + span - 1 < last ? t0 + span - 1 : last;
     if (t0 > last) return; /* a whole block leaves together: no barrier is skipped by some */
     float *pp = part + pair * gridDim.y * (vdim + 2), *out = pp + blockIdx.y * (vdim + 2);
     const float *qr = q + pair * qk;
@@ -796,9 +896,9 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         sum += e;
     }
     sum = block_sum(sum, red); /* its barriers also order the writes of p before the reads below */
-    /* One chunk (the query's keys fit one): its v over its sum is the combine's value
-     * (exp(m - M) is 1), written at once; else the chunk's part for the combine. */
-    const int64_t chunks = last / ATTEND_CHUNK + 1 < (int64_t)gridDim.y ? last / ATTEND_CHUNK + 1 : gridDim.y;
+    /* One span (the query's keys fit one): its v over its sum is the combine's value
+     * (exp(m - M) is 1), written at once; else the span's part for the combine. */
+    const int64_t chunks = last / span + 1 < (int64_t)gridDim.y ? last / span + 1 : gridDim.y;
     float *const one = chunks == 1 ? attn + pair * vdim : NULL;
     /* the weighted v: groups of vdim threads take every groups-th key, then add up */
     if (vdim <= (int64_t)blockDim.x) {
@@ -807,11 +907,8 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         if (g < groups)
 #pragma unroll 4
             for (int64_t t = t0 + g; t <= t1; t += groups) a += p[t - t0] * v[(t * heads + h) * vdim + d];
-        acc[threadIdx.x] = a;
-        __syncthreads();
+        const float total = columns_sum(a, acc, vdim);
         if (threadIdx.x < vdim) {
-            float total = 0.0f;
-            for (int64_t gg = 0; gg < groups; gg++) total += acc[gg * vdim + threadIdx.x];
             if (one) one[threadIdx.x] = total / sum;
             else out[2 + threadIdx.x] = total;
         }
@@ -826,21 +923,35 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
     if (one) return;
     if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
     if (!last_block(counts + pair, (int32_t)chunks)) return;
+    /* the combine, its spans over the threads: M, then each span's weight w_c over its m */
     float M = -INFINITY;
-    for (int64_t c = 0; c < chunks; c++)
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x)
         if (COLI_LOAD_GRID(pp + c * (vdim + 2) + 1) > 0.0f) M = fmaxf(M, COLI_LOAD_GRID(pp + c * (vdim + 2)));
+    M = block_max(M, red);
     float total = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) {
-        const float s = COLI_LOAD_GRID(pp + c * (vdim + 2) + 1);
-        if (s > 0.0f) total += expf(COLI_LOAD_GRID(pp + c * (vdim + 2)) - M) * s;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        float *pc = pp + c * (vdim + 2);
+        const float s = COLI_LOAD_GRID(pc + 1), w = s > 0.0f ? expf(COLI_LOAD_GRID(pc) - M) : 0.0f;
+        pc[0] = w;
+        total += w * s;
     }
-    for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
+    total = block_sum(total, red); /* its barriers also order the weights' writes before the reads below */
+    if (vdim <= (int64_t)blockDim.x) {
+        const int64_t groups = blockDim.x / vdim, g = threadIdx.x / vdim, d = threadIdx.x % vdim;
         float a = 0.0f;
-        for (int64_t c = 0; c < chunks; c++) {
-            const float *pc = pp + c * (vdim + 2);
-            if (COLI_LOAD_GRID(pc + 1) > 0.0f) a += expf(COLI_LOAD_GRID(pc) - M) * COLI_LOAD_GRID(pc + 2 + d);
+        if (g < groups)
+            for (int64_t c = g; c < chunks; c += groups) {
+                const float *pc = pp + c * (vdim + 2);
+                a += COLI_LOAD_GRID(pc) * COLI_LOAD_GRID(pc + 2 + d);
+            }
+        const float sum_v = columns_sum(a, acc, vdim);
+        if (threadIdx.x < vdim) attn[pair * vdim + threadIdx.x] = sum_v / total;
+    } else {
+        for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
+            float a = 0.0f;
+            for (int64_t c = 0; c < chunks; c++) a += COLI_LOAD_GRID(pp + c * (vdim + 2)) * COLI_LOAD_GRID(pp + c * (vdim + 2) + 2 + d);
+            attn[pair * vdim + d] = a / total;
         }
-        attn[pair * vdim + d] = a / total;
     }
 }
 
