@@ -5,7 +5,7 @@
 # the CPU path at f32/int8/int4, teacher forcing and a 20-token greedy decode); the
 # selftest under compute-sanitizer (memcheck, racecheck); the greedy decode through
 # CUDA against the oracle; then the large synthetic model: decode after a 12-token
-# prompt (the step, the step without graphs, overlapped launches, fused ops, short-run grids or side
+# prompt (the step, the step without graphs, overlapped launches, fused ops or side
 # streams, the matmuls-only tier), a 256-token prefill, and decode after a 4,000-token
 # prompt, beside the device's copy bandwidth measured in the same run; and where the
 # GPU time of a decode, of a prefill and of a decode after a long prompt goes. Results go to ${OUT:-bench/out}.
@@ -70,7 +70,6 @@ done
 COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
 COLI_GPU_CHAIN=0 run step-no-chain int8 12 128 --backend "$LIB"
 COLI_GPU_FUSE=0 run step-no-fuse int8 12 128 --backend "$LIB"
-COLI_GPU_SHORT=0 run step-no-short int8 12 128 --backend "$LIB"
 for n in 1 2 8; do COLI_GPU_STREAMS=$n run "step-streams-$n" int8 12 128 --backend "$LIB"; done
 run matmuls int4 12 128 --backend "$LIB" --offload matmuls
 for q in int8 int4; do run prefill-256 "$q" 256 2 --backend "$LIB"; done

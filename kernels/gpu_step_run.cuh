@@ -37,16 +37,9 @@ struct gpu_rec {
     cudaEvent_t *done;    /* per unit: its end, where a later unit waits for it */
     cudaEvent_t start, ends[COLI_MAX_QUEUES];
     int runs;
-    int64_t rows;         /* the most queries of its indexer and attention ops */
-    int64_t keys;         /* the most keys a query sees in the runs being launched (SHORT_KEYS or all) */
-    cudaGraph_t graph[2]; /* a graph for short runs, one for the rest (run_band) */
-    cudaGraphExec_t exec[2];
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
 };
-
-/* Runs whose queries see at most SHORT_KEYS keys launch the indexer's and attention's
- * grids for that many, not for the cache's every position: a long cache's blocks
- * would only start and leave. Attention takes such a query in one block. */
-#define SHORT_KEYS ATTEND_CHUNK
 
 static cudaStream_t g_step_stream = NULL;
 static cudaStream_t g_side_streams[COLI_MAX_QUEUES]; /* [0] unused: queue 0 is g_step_stream */
@@ -202,7 +195,6 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
             scores = b > scores ? b : scores;
             const size_t c = (size_t)(o->op.kind == COLI_OP_ATTEND ? i[0] * i[1] : i[0]);
             counts = c > counts ? c : counts;
-            g->rows = i[0] > g->rows ? i[0] : g->rows;
         } else if (o->op.kind == COLI_OP_MOE) {
             const size_t pairs = (size_t)(i[0] * i[1]), a = pairs * (size_t)o->w[0]->rows * sizeof(float);
             gu = a > gu ? a : gu;
@@ -257,10 +249,8 @@ static void rec_release(coli_rec *r) {
     gpu_rec *g = (gpu_rec *)r->impl;
     if (!g) return;
     if (g_step_stream) (void)cudaStreamSynchronize(g_step_stream);
-    for (int b = 0; b < 2; b++) {
-        if (g->exec[b]) (void)cudaGraphExecDestroy(g->exec[b]);
-        if (g->graph[b]) (void)cudaGraphDestroy(g->graph[b]);
-    }
+    if (g->exec) (void)cudaGraphExecDestroy(g->exec);
+    if (g->graph) (void)cudaGraphDestroy(g->graph);
     for (int32_t k = 0; g->tables && k < g->n_ops; k++)
         if (g->tables[k]) (void)cudaFree(g->tables[k]);
     for (int32_t u = 0; g->done && u < g->n_units; u++)
@@ -371,8 +361,8 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     case COLI_OP_INDEXER: {
         const coli_indexer_operands a = coli_unpack_indexer(&o->op, p);
         const int per = STEP_THREADS / WARP;
-        /* keys up to the largest position the run's band allows for its last row */
-        const int64_t keys = a.sel_stride < g->keys ? a.sel_stride : g->keys;
+        /* keys up to the largest position the step allows for its last row */
+        const int64_t keys = a.sel_stride;
         launch_early(chain_calls(), indexer_kernel, dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows),
             dim3(STEP_THREADS), 0, st, a.iq, a.iw, a.keys, g->scores, a.sel, g->counts, pos, a.heads, a.dim,
             a.sel_stride, a.topk, a.rows, a.weight_scale);
@@ -380,7 +370,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
-        const int64_t chunks = attend_chunks(a.sel_stride < g->keys ? a.sel_stride : g->keys), pairs = a.rows * a.heads;
+        const int64_t chunks = attend_chunks(a.sel_stride), pairs = a.rows * a.heads;
         launch_early(chain_calls(), attend_part_kernel, dim3((unsigned)pairs, (unsigned)chunks), dim3(STEP_THREADS), 0,
             st, a.q, a.k, a.v, a.sel, g->scores, g->counts, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
         break;
@@ -549,43 +539,29 @@ static coli_status rec_end(coli_rec *r) {
     return st;
 }
 
-/* COLI_GPU_SHORT=0 launches every run with the grids for the whole cache (for comparisons). */
-static bool short_runs(void) {
-    static int on = -1;
-    return env_switch("COLI_GPU_SHORT", &on);
-}
-
-/* 0 where every query of a run at `position` sees at most SHORT_KEYS keys, else 1. */
-static int run_band(const gpu_rec *g, int64_t position) {
-    return short_runs() && position + g->rows <= SHORT_KEYS ? 0 : 1;
-}
-
 static coli_status rec_run(coli_rec *r, int64_t position) {
     gpu_rec *g = (gpu_rec *)r->impl;
     coli_status st;
     cudaStream_t s = g_step_stream;
-    const int band = run_band(g, position);
-    g->keys = band == 0 ? SHORT_KEYS : INT64_MAX;
     set_position_kernel<<<1, 1, 0, s>>>(g->pos, position);
     if (profiling()) return profile_run(r, g, s);
     /* the first run launches directly (kernel attributes are set on first use, outside
-     * any capture); the next of each band captures the ops, and that and every later
-     * run of the band replay them */
+     * any capture); the second captures the ops, and that and every later run replay them */
     if (g->runs++ == 0 || !use_graphs()) {
         if ((st = launch_ops(r, g))) return st;
     } else {
-        if (!g->exec[band]) {
+        if (!g->exec) {
             GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
             const coli_status queued = launch_ops(r, g);
             const cudaError_t launch = cudaGetLastError();
-            const cudaError_t end = cudaStreamEndCapture(s, &g->graph[band]);
+            const cudaError_t end = cudaStreamEndCapture(s, &g->graph);
             if (queued) return queued;
             if (launch != cudaSuccess || end != cudaSuccess)
                 return coli_fail(COLI_E_RUNTIME, "step_run: capturing the step failed: %s",
                                  cudaGetErrorString(launch != cudaSuccess ? launch : end));
-            GPU_CHECK(cudaGraphInstantiateWithFlags(&g->exec[band], g->graph[band], 0));
+            GPU_CHECK(cudaGraphInstantiateWithFlags(&g->exec, g->graph, 0));
         }
-        GPU_CHECK(cudaGraphLaunch(g->exec[band], s));
+        GPU_CHECK(cudaGraphLaunch(g->exec, s));
     }
     GPU_CHECK(cudaGetLastError());
     return COLI_OK;
