@@ -277,9 +277,12 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
         }
         END();
     }
-    for (int at = 0; at < 2; at++) {
-        const int64_t pos = at ? 300 : 0, rows = 2, heads = 3, qk = 40, vd = 24, stride = 320, keys = pos + rows;
-        BEGIN("attend", "2 queries of 3 heads (qk 40, v 24) over %lld keys, half selected", (long long)keys);
+    /* a GPU splits a long query's keys finer where there are few (query, head) pairs (at 1) */
+    for (int at = 0; at < 3; at++) {
+        const int64_t pos = at ? 300 : 0, rows = at == 2 ? 50 : 2, heads = 3, qk = 40, vd = 24, stride = 360;
+        const int64_t keys = pos + rows;
+        BEGIN("attend", "%lld queries of 3 heads (qk 40, v 24) over %lld keys, half selected", (long long)rows,
+              (long long)keys);
         float *q = F(rows * heads * qk), *k = F(keys * heads * qk), *v = F(keys * heads * vd);
         float *ref = F(rows * heads * vd), *got = F(rows * heads * vd), *p = F(keys);
         uint8_t *sel = take(&A, (size_t)(rows * stride));

@@ -826,10 +826,12 @@ __global__ void indexer_kernel(const float *iq, const float *iw, const float *ke
 
 /* Keys a block of attend_part_kernel takes: a query whose keys fit ATTEND_CHUNK
  * takes them in one block, which writes its output itself; a longer one splits
- * them over blocks of ATTEND_SPLIT, so a decoded token's few (query, head) pairs
- * still fill the GPU and each block walks few keys. */
+ * them over blocks of ATTEND_CHUNK where there are ATTEND_MANY (query, head) pairs
+ * or more (a prefill: they fill the GPU), else of ATTEND_SPLIT, so a decoded
+ * token's few pairs still fill it and each block walks few keys. */
 #define ATTEND_CHUNK 256
 #define ATTEND_SPLIT 64
+#define ATTEND_MANY 128
 
 /* The blocks a query of `keys` keys may split into (the grid's y; a part each). */
 static inline int64_t attend_chunks(int64_t keys) { return (keys + ATTEND_SPLIT - 1) / ATTEND_SPLIT; }
@@ -853,7 +855,7 @@ __device__ inline float columns_sum(float a, float *acc, int64_t width) {
 
 /* One block per (row, head, span of keys): the span's selected scores, their max
  * m, sum of exp(score - m) and the exp-weighted v, into part[(pair, chunk)] as
- * [m, sum, v...]; a span with no selected key has sum 0. The spans past the query
+ * [m, sum, v...] (span: ATTEND_CHUNK's comment); a span with no selected key has sum 0. The spans past the query
  * leave at once; the last of the others to finish (counts[pair]) combines them:
  * out = sum over spans of w_c v_c / sum over spans of w_c sum_c, w_c = exp(m_c - M)
  * (0 for a span with no selected key), M the largest m of those with one. Where the
@@ -864,7 +866,7 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
     STEP_KERNEL_BEGIN();
     __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
     const int64_t pair = blockIdx.x, row = pair / heads, h = pair % heads, last = *pos + row;
-    const int64_t span = last < ATTEND_CHUNK ? ATTEND_CHUNK : ATTEND_SPLIT;
+    const int64_t span = last < ATTEND_CHUNK || gridDim.x >= ATTEND_MANY ? ATTEND_CHUNK : ATTEND_SPLIT;
     const int64_t t0 = (int64_t)blockIdx.y * span, t1 = t0 + span - 1 < last ? t0 + span - 1 : last;
     if (t0 > last) return; /* a whole block leaves together: no barrier is skipped by some */
     float *pp = part + pair * gridDim.y * (vdim + 2), *out = pp + blockIdx.y * (vdim + 2);
