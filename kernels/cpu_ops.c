@@ -1,5 +1,6 @@
 #include "cpu_ops.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,7 @@ void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group,
  * i + k) and combines them in one fixed order. The AVX2 versions do the same
  * IEEE operations in the same order as the portable ones (no FMA: -std=c11
  * keeps contraction off), so results do not depend on the CPU they ran on. */
-#define LANES_SUM(l) (((l)[0] + (l)[4]) + ((l)[1] + (l)[5])) + (((l)[2] + (l)[6]) + ((l)[3] + (l)[7]))
+#define LANES_SUM(l) ((((l)[0] + (l)[4]) + ((l)[1] + (l)[5])) + (((l)[2] + (l)[6]) + ((l)[3] + (l)[7])))
 
 static float dot_f32_portable(const float *a, const float *b, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -130,6 +131,72 @@ static float row_q4_portable(const float *x, const uint8_t *p, const float *scal
         for (int k = 0; k < 8; k++) row[k] += acc[k] * scale[g];
     }
     return LANES_SUM(row);
+}
+
+/* ---- int4 rows against x as integers --------------------------------------------
+ * Groups of a multiple of 32 values, up to Q4D_GROUP_MAX: each token's x is taken as
+ * integers v = rint(x * 2^(22 - e)), e the least with every |x| of the token below
+ * 2^e (so |v| <= 2^22), and a group's products with its stored values n - 8 are
+ * summed exactly, as integers, in 8 lanes: in each 32 of the group, lane k < 4 takes
+ * elements 8k, 8k + 2, 8k + 4 and 8k + 6, lane k >= 4 the odd elements after
+ * 8(k - 4). A lane's sum is at most group / 8 * 4 * 8 * 2^22 <= 2^30, an int32. Each
+ * lane's sum as a float, times the group's scale, is added to the row's lane, group
+ * after group; the row's lanes are summed once (LANES_SUM), times 2^(e - 22). An inf
+ * or NaN in x gives NaN. This is the GPU kernels' arithmetic in kind (x as integers
+ * below 2^22 and a power of two, exact integer dot products), and lets the vector
+ * loops multiply bytes: v is three int8 digits, v = 65536 a + 256 b + c. */
+#define Q4D_GROUP_MAX 256
+static int q4d_fits(int32_t group) { return group % 32 == 0 && group <= Q4D_GROUP_MAX; }
+
+/* A token's scaling: x * m1 * m2 is x * 2^(22 - e), exactly (two factors where one
+ * would not be a normal float); step = 2^(e - 22), NaN where x holds an inf or NaN
+ * (then every v is 0). */
+typedef struct q4d_scale {
+    float m1, m2, step;
+} q4d_scale;
+
+static q4d_scale q4d_scale_from(float max, int bad) {
+    q4d_scale sc = {1.0f, 1.0f, 0.0f};
+    if (bad) sc.step = NAN;
+    if (bad || max == 0.0f) return sc;
+    int e;
+    (void)frexpf(max, &e);
+    const int k = 22 - e;
+    if (k > 126) sc.m1 = ldexpf(1.0f, k - 126), sc.m2 = ldexpf(1.0f, 126);
+    else sc.m1 = ldexpf(1.0f, k);
+    sc.step = ldexpf(1.0f, e - 22);
+    return sc;
+}
+
+static q4d_scale q4d_scale_of(const float *x, int64_t n) {
+    float max = 0.0f;
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        if (!(a <= FLT_MAX)) bad = 1;
+        else if (a > max) max = a;
+    }
+    return q4d_scale_from(max, bad);
+}
+
+static int32_t q4d_value(float x, q4d_scale sc) {
+    return sc.step == sc.step ? (int32_t)rintf(x * sc.m1 * sc.m2) : 0;
+}
+
+static float row_q4d_portable(const float *x, const uint8_t *p, const float *scale, int64_t groups, int32_t group,
+                              q4d_scale sc) {
+    float row[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t e = g * group; e < (g + 1) * group; e += 2) {
+            const uint8_t b = p[e / 2];
+            const int k = (int)(e % 32) / 8; /* byte e / 2 of its 32's 16: lanes k and 4 + k */
+            lane[k] += (int64_t)((int)(b & 0x0F) - 8) * q4d_value(x[e], sc);
+            lane[4 + k] += (int64_t)((int)(b >> 4) - 8) * q4d_value(x[e + 1], sc);
+        }
+        for (int k = 0; k < 8; k++) row[k] += (float)lane[k] * scale[g];
+    }
+    return LANES_SUM(row) * sc.step;
 }
 
 /* Tokens a block of the several-token loops below takes: a row's sums for them fit
@@ -332,19 +399,221 @@ __attribute__((target("avx2"))) static void row_q4_avx2_tokens(const float *x, i
     }
 }
 
-static int use_avx2(void) {
+/* x of s tokens as the vector loops take it (the digits' comment): per token, per 32
+ * of its values, three planes of 32 int8 digits (a, b, c) in the order the weights'
+ * bytes unpack to (the 16 low nibbles, then the 16 high: elements 0, 2, .., 30, then
+ * 1, 3, .., 31), and per group 8 in32 lanes of 8 times the lane's sum of v (the
+ * stored values' bias of 8, taken off once a group). */
+typedef struct q4d_x {
+    int8_t *digits;  /* [s][cols / 32][3][32] */
+    int32_t *bias;   /* [s][groups][8] */
+    q4d_scale *sc;   /* [s] */
+} q4d_x;
+
+__attribute__((target("avx2"))) static float abs_max_avx2(const float *x, int64_t n, int *bad) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    __m256 m = _mm256_setzero_ps(), wrong = m;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+        wrong = _mm256_or_ps(wrong, _mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* inf or NaN */
+        m = _mm256_max_ps(m, a);
+    }
+    float l[8], max = 0.0f;
+    _mm256_storeu_ps(l, m);
+    *bad = _mm256_movemask_ps(wrong) != 0;
+    for (int k = 0; k < 8; k++) max = l[k] > max ? l[k] : max;
+    for (; i < n; i++) {
+        const float a = fabsf(x[i]);
+        if (!(a <= FLT_MAX)) *bad = 1;
+        else if (a > max) max = a;
+    }
+    return max;
+}
+
+/* One token's digits and bias lanes (cols % group == 0, q4d_fits(group)). v + 0x808080
+ * holds the digits plus 128 as its bytes 0-2 (c, b, a), |v| <= 2^22 keeping each in
+ * its byte; a shuffle gathers a byte of each value, evens first. */
+__attribute__((target("avx2"))) static void q4d_prepare_avx2(const float *x, int64_t cols, int32_t group,
+                                                              int8_t *digits, int32_t *bias, q4d_scale *out) {
+    int bad = 0;
+    const float max = abs_max_avx2(x, cols, &bad);
+    const q4d_scale sc = q4d_scale_from(max, bad);
+    *out = sc;
+    const __m256 m1 = _mm256_set1_ps(bad ? 0.0f : sc.m1), m2 = _mm256_set1_ps(sc.m2);
+    const __m256i off = _mm256_set1_epi32(0x808080), flip = _mm256_set1_epi8((char)0x80);
+    /* per 128-bit half of 4 values: byte 0 of each, then byte 1, then byte 2 (c, b, a) */
+    const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const int64_t per_group = group / 32;
+    for (int64_t blk = 0; blk < cols / 32; blk++) {
+        const float *xb = x + blk * 32;
+        /* evens and odds of the 32 values, 8 at a time, in element order */
+        __m256 v8[4];
+        for (int h = 0; h < 2; h++) {
+            const __m256 a = _mm256_loadu_ps(xb + 16 * h), b = _mm256_loadu_ps(xb + 16 * h + 8);
+            /* a: 0..7, b: 8..15 -> evens 0,2,4,6 | 8,10,12,14 after the lane fix */
+            const __m256 ev = _mm256_shuffle_ps(a, b, 0x88), od = _mm256_shuffle_ps(a, b, 0xDD);
+            v8[h] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8));
+            v8[2 + h] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8));
+        }
+        /* v8[0], v8[1]: elements 0, 2, .., 30; v8[2], v8[3]: 1, 3, .., 31 */
+        __m256i bytes[4];
+        int32_t *lanes = bias + (blk / per_group) * 8;
+        if (blk % per_group == 0) memset(lanes, 0, 8 * sizeof *lanes);
+        for (int q = 0; q < 4; q++) {
+            __m256 f = _mm256_mul_ps(_mm256_mul_ps(v8[q], m1), m2);
+            if (bad) f = _mm256_setzero_ps();
+            const __m256i v = _mm256_cvtps_epi32(f);
+            /* v's lanes q*8 .. q*8+7 of the block's order: its bias lanes 2q, 2q + 1 */
+            const __m128i sum4 = _mm_hadd_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            const __m128i sum2 = _mm_hadd_epi32(sum4, sum4); /* [lo4, hi4, lo4, hi4] */
+            lanes[2 * q] += 8 * _mm_cvtsi128_si32(sum2);
+            lanes[2 * q + 1] += 8 * _mm_extract_epi32(sum2, 1);
+            bytes[q] = _mm256_shuffle_epi8(_mm256_xor_si256(_mm256_add_epi32(v, off), flip), gather);
+        }
+        /* bytes[q]: per half, 4 values' c, b and a as dwords 0-2; gathered to c, b, a
+         * of its 8 values as qwords 0-2, then each plane's qwords of bytes[0..3] in order */
+        const __m256i pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (int q = 0; q < 4; q++) bytes[q] = _mm256_permutevar8x32_epi32(bytes[q], pairs);
+        const __m256i lo01 = _mm256_unpacklo_epi64(bytes[0], bytes[1]), lo23 = _mm256_unpacklo_epi64(bytes[2], bytes[3]);
+        const __m256i hi01 = _mm256_unpackhi_epi64(bytes[0], bytes[1]), hi23 = _mm256_unpackhi_epi64(bytes[2], bytes[3]);
+        __m256i *d = (__m256i *)(digits + blk * 96);
+        _mm256_storeu_si256(d, _mm256_permute2x128_si256(lo01, lo23, 0x31));     /* a */
+        _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(hi01, hi23, 0x20)); /* b */
+        _mm256_storeu_si256(d + 2, _mm256_permute2x128_si256(lo01, lo23, 0x20)); /* c */
+    }
+}
+
+/* Every token's digits, or 0 where there is no memory for them. */
+static int q4d_prepare(q4d_x *xd, const float *x, int64_t s, int64_t cols, int32_t group) {
+    const int64_t groups = cols / group;
+    xd->digits = malloc((size_t)(s * cols * 3));
+    xd->bias = malloc((size_t)(s * groups * 8) * sizeof *xd->bias);
+    xd->sc = malloc((size_t)s * sizeof *xd->sc);
+    if (!xd->digits || !xd->bias || !xd->sc) {
+        free(xd->digits), free(xd->bias), free(xd->sc);
+        return 0;
+    }
+    for (int64_t t = 0; t < s; t++)
+        q4d_prepare_avx2(x + t * cols, cols, group, xd->digits + t * cols * 3, xd->bias + t * groups * 8, xd->sc + t);
+    return 1;
+}
+
+static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->sc); }
+
+/* A row against N tokens of xd from t0 (N a constant where it is inlined): the
+ * weights' 16 bytes of each 32 unpacked once, their products with each token's three
+ * digit planes summed by DOT (u8 x s8, four a lane, into int32 lanes), the planes'
+ * sums put together as 65536 a + 256 b + c (exact: int32 wraps, and the true sum
+ * fits), less the bias lanes, then the group's float lanes. */
+#define Q4D_ROW(NAME, TARGET, DOT)                                                                                  \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                    \
+        const uint8_t *p, const float *scale, int64_t groups, int32_t group, const q4d_x *xd, int64_t cols,        \
+        int64_t t0, const int N, float *out) {                                                                     \
+        const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                              \
+        const __m256i ones = _mm256_set1_epi16(1);                                                                 \
+        const int64_t per_group = group / 32;                                                                      \
+        __m256 row[Q4_TOKENS];                                                                                     \
+        _Pragma("GCC unroll 4")                                                                                    \
+        for (int j = 0; j < N; j++) row[j] = _mm256_setzero_ps();                                                  \
+        for (int64_t g = 0; g < groups; g++) {                                                                     \
+            __m256i t[Q4_TOKENS];                                                                                  \
+            _Pragma("GCC unroll 4")                                                                                \
+            for (int j = 0; j < N; j++) t[j] = zero;                                                               \
+            for (int64_t blk = g * per_group; blk < (g + 1) * per_group; blk++) {                                  \
+                const __m128i w16 = _mm_loadu_si128((const __m128i *)(p + blk * 16));                             \
+                const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w16, 4), w16), low4);          \
+                _Pragma("GCC unroll 4")                                                                            \
+                for (int j = 0; j < N; j++) {                                                                      \
+                    const int8_t *d = xd->digits + (t0 + j) * cols * 3 + blk * 96;                                 \
+                    const __m256i a = DOT(zero, w, _mm256_loadu_si256((const __m256i *)d), ones);                 \
+                    const __m256i b = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 32)), ones);          \
+                    const __m256i c = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 64)), ones);          \
+                    t[j] = _mm256_add_epi32(t[j], _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(a, 16),     \
+                                                                                     _mm256_slli_epi32(b, 8)), c)); \
+                }                                                                                                  \
+            }                                                                                                      \
+            const __m256 sg = _mm256_set1_ps(scale[g]);                                                            \
+            _Pragma("GCC unroll 4")                                                                                \
+            for (int j = 0; j < N; j++) {                                                                          \
+                const __m256i lanes = _mm256_loadu_si256((const __m256i *)(xd->bias + ((t0 + j) * groups + g) * 8)); \
+                row[j] = _mm256_add_ps(row[j], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(t[j], lanes)), sg)); \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4")                                                                                    \
+        for (int j = 0; j < N; j++) {                                                                              \
+            float l[8];                                                                                            \
+            _mm256_storeu_ps(l, row[j]);                                                                           \
+            out[j] = LANES_SUM(l) * xd->sc[t0 + j].step;                                                           \
+        }                                                                                                          \
+    }                                                                                                              \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t groups,         \
+                                                     int32_t group, const q4d_x *xd, int64_t cols, int64_t t0,     \
+                                                     int n, float *out) {                                          \
+        if (n == Q4_TOKENS) NAME##_n(p, scale, groups, group, xd, cols, t0, Q4_TOKENS, out);                       \
+        else NAME##_n(p, scale, groups, group, xd, cols, t0, 1, out);                                              \
+    }
+
+#define DOT_AVX2(acc, w, d, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, d), ones))
+#define DOT_VNNI(acc, w, d, ones) ((void)(ones), _mm256_dpbusd_epi32(acc, w, d))
+Q4D_ROW(row_q4d_avx2, "avx2", DOT_AVX2)
+Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
+
+/* The loops this CPU runs: 2 AVX-512 VNNI (its byte products; AVX2 elsewhere), 1
+ * AVX2, 0 portable. COLI_CPU_PORTABLE=1 forces 0, COLI_CPU_LOOPS=avx2 at most 1
+ * (tests compare every level's bits). */
+static int cpu_level(void) {
     static int cached = -1;
-    /* COLI_CPU_PORTABLE=1 forces the portable loops (tests prove both agree to the bit) */
-    if (cached < 0) cached = __builtin_cpu_supports("avx2") && !getenv("COLI_CPU_PORTABLE") ? 1 : 0;
+    if (cached < 0) {
+        const char *cap = getenv("COLI_CPU_LOOPS");
+        cached = !__builtin_cpu_supports("avx2") || getenv("COLI_CPU_PORTABLE") ? 0
+                 : __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                         !(cap && strcmp(cap, "avx2") == 0)
+                     ? 2
+                     : 1;
+    }
     return cached;
 }
+static int use_avx2(void) { return cpu_level() >= 1; }
 #endif
 
 const char *coli_cpu_loops(void) {
 #ifdef HAVE_AVX2_PATH
-    if (use_avx2()) return "avx2";
+    if (cpu_level() == 2) return "avx512vnni";
+    if (cpu_level() == 1) return "avx2";
 #endif
     return "portable";
+}
+
+/* int4 rows of groups that q4d_fits: the vector loops on prepared digits (blocks of
+ * Q4_TOKENS tokens, then one at a time), else the portable loop; the same bits. */
+static void q4d_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
+                     const float *x, int64_t s, float *y, int64_t r0, int64_t r1) {
+    const int64_t groups = cols / group;
+#ifdef HAVE_AVX2_PATH
+    q4d_x xd;
+    if (use_avx2() && q4d_prepare(&xd, x, s, cols, group)) {
+        float out[Q4_TOKENS];
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *pr = packed + r * cols / 2;
+            for (int64_t t = 0; t < s;) {
+                const int n = s - t >= Q4_TOKENS ? Q4_TOKENS : 1;
+                if (cpu_level() == 2) row_q4d_vnni(pr, scale + r * groups, groups, group, &xd, cols, t, n, out);
+                else row_q4d_avx2(pr, scale + r * groups, groups, group, &xd, cols, t, n, out);
+                for (int j = 0; j < n; j++) y[(t + j) * rows + r] = out[j];
+                t += n;
+            }
+        }
+        q4d_release(&xd);
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < s; t++) {
+        const q4d_scale sc = q4d_scale_of(x + t * cols, cols);
+        for (int64_t r = r0; r < r1; r++)
+            y[t * rows + r] = row_q4d_portable(x + t * cols, packed + r * cols / 2, scale + r * groups, groups, group, sc);
+    }
 }
 
 float coli_dot_f32(const float *a, const float *b, int64_t n) {
@@ -404,6 +673,10 @@ void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int6
 
 void coli_matmul_q4_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
                          const float *x, int64_t s, float *y, int64_t r0, int64_t r1) {
+    if (q4d_fits(group)) {
+        q4d_rows(packed, scale, rows, cols, group, x, s, y, r0, r1);
+        return;
+    }
     int64_t groups = cols / group;
     float out[Q4_TOKENS];
     for (int64_t r = r0; r < r1; r++) {

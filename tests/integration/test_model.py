@@ -461,21 +461,26 @@ def test_fused_expert_tensors_read_as_per_expert_ones(sanitized: tuple[Path, Pat
 def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp_path: Path) -> None:
     """The CPU matmuls at every format on 3,000 random shapes (tails, one row, one
     column, int4 groups of 2 to 128), under ASan/UBSan: each output within rounding of
-    a double-precision sum, and the AVX2 loops' bits equal to the portable loops'. On
-    this machine's every SIMD level: the AVX2 path and the portable one. Attention over
+    a double-precision sum, and the vector loops' bits equal to the portable loops'. On
+    this machine's every SIMD level: AVX-512 VNNI (int4's byte products), AVX2 and the
+    portable loops. int4 against x as integers also at x * 2^-110, with an inf or NaN
+    and with zeros. Attention over
     several heads in one walk of the keys gives one head at a time's bits."""
     exe = tmp_path / "cpu_dot_check"
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}"]
     sources = [str(ROOT / s) for s in ("tests/c/cpu_dot_check.c", "kernels/cpu_ops.c", "kernels/cpu_model_ops.c")]
     compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, *sources, "-o", str(exe), "-lm"])
     runs = {}
-    for env in ({}, {"COLI_CPU_PORTABLE": "1"}):
+    for env in ({}, {"COLI_CPU_LOOPS": "avx2"}, {"COLI_CPU_PORTABLE": "1"}):
         proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         loops, rest = proc.stdout.split(" loops, ")
         runs[loops] = rest.split("hash ")[1].strip()
-    has_avx2 = " avx2" in Path("/proc/cpuinfo").read_text()
-    assert set(runs) == ({"avx2", "portable"} if has_avx2 else {"portable"})
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    levels = {"portable"} | ({"avx2"} if "avx2" in flags else set())
+    if {"avx2", "avx512_vnni", "avx512vl"} <= flags:
+        levels.add("avx512vnni")
+    assert set(runs) == levels
     assert len(set(runs.values())) == 1, runs
 
 
