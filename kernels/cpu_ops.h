@@ -20,7 +20,11 @@ void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group,
                       float *scale);
 
 /* y[s, rows] = x[s, cols] . W^T for each format, over output rows [r0, r1).
- * A row's result does not depend on how rows are split between threads. */
+ * A row's result does not depend on how rows are split between threads, nor on
+ * how many tokens a call takes. int4 groups of 32 to 256 values take each token's x
+ * as integers below 2^22 and a power of two, and sum a group's products exactly
+ * (cpu_ops.c, "int4 rows against x as integers"); other groups, and f32 and int8,
+ * sum float products in a fixed order. */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1);
 void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
@@ -38,8 +42,9 @@ void coli_matmul_q4(const uint8_t *packed, const float *scale, int64_t rows, int
 /* a . b with eight partial sums (a fixed order, vectorisable). */
 float coli_dot_f32(const float *a, const float *b, int64_t n);
 
-/* The loops chosen at run time: "avx2", or "portable" (no AVX2, or COLI_CPU_PORTABLE=1).
- * Both give the same bits. */
+/* The loops chosen at run time: "avx512vnni" (AVX2, and int4's byte products by
+ * VNNI), "avx2", or "portable" (no AVX2, or COLI_CPU_PORTABLE=1); COLI_CPU_LOOPS=avx2
+ * stops at AVX2. Every level gives the same bits. */
 const char *coli_cpu_loops(void);
 
 #ifdef __cplusplus
