@@ -438,52 +438,54 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
  * digit planes summed by DOT (u8 x s8, four a lane, into int32 lanes), the planes'
  * sums put together as 65536 a + 256 b + c (exact: int32 wraps, and the true sum
  * fits), less the bias lanes, then the group's float lanes. */
-#define Q4D_ROW(NAME, TARGET, DOT)                                                                                  \
-    __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                    \
-        const uint8_t *p, const float *scale, int64_t groups, int32_t group, const q4d_x *xd, int64_t cols,        \
-        int64_t t0, const int N, float *out) {                                                                     \
-        const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                              \
-        const __m256i ones = _mm256_set1_epi16(1);                                                                 \
-        const int64_t per_group = group / 32;                                                                      \
-        __m256 row[Q4_TOKENS];                                                                                     \
-        _Pragma("GCC unroll 4")                                                                                    \
-        for (int j = 0; j < N; j++) row[j] = _mm256_setzero_ps();                                                  \
-        for (int64_t g = 0; g < groups; g++) {                                                                     \
-            __m256i t[Q4_TOKENS];                                                                                  \
-            _Pragma("GCC unroll 4")                                                                                \
-            for (int j = 0; j < N; j++) t[j] = zero;                                                               \
-            for (int64_t blk = g * per_group; blk < (g + 1) * per_group; blk++) {                                  \
-                const __m128i w16 = _mm_loadu_si128((const __m128i *)(p + blk * 16));                             \
-                const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w16, 4), w16), low4);          \
-                _Pragma("GCC unroll 4")                                                                            \
-                for (int j = 0; j < N; j++) {                                                                      \
-                    const int8_t *d = xd->digits + (t0 + j) * cols * 3 + blk * 96;                                 \
-                    const __m256i a = DOT(zero, w, _mm256_loadu_si256((const __m256i *)d), ones);                 \
-                    const __m256i b = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 32)), ones);          \
-                    const __m256i c = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 64)), ones);          \
-                    t[j] = _mm256_add_epi32(t[j], _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(a, 16),     \
-                                                                                     _mm256_slli_epi32(b, 8)), c)); \
-                }                                                                                                  \
-            }                                                                                                      \
-            const __m256 sg = _mm256_set1_ps(scale[g]);                                                            \
-            _Pragma("GCC unroll 4")                                                                                \
-            for (int j = 0; j < N; j++) {                                                                          \
+#define Q4D_ROW(NAME, TARGET, DOT)                                                                                   \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                      \
+        const uint8_t *p, const float *scale, int64_t groups, const q4d_x *xd, int64_t cols,                         \
+        int64_t t0, const int N, const int64_t per_group, float *out) {                                              \
+        const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
+        const __m256i ones = _mm256_set1_epi16(1);                                                                   \
+        __m256 row[Q4_TOKENS];                                                                                       \
+        _Pragma("GCC unroll 4")                                                                                      \
+        for (int j = 0; j < N; j++) row[j] = _mm256_setzero_ps();                                                    \
+        for (int64_t g = 0; g < groups; g++) {                                                                       \
+            __m256i t[Q4_TOKENS];                                                                                    \
+            _Pragma("GCC unroll 4")                                                                                  \
+            for (int j = 0; j < N; j++) t[j] = zero;                                                                 \
+            for (int64_t blk = g * per_group; blk < (g + 1) * per_group; blk++) {                                    \
+                const __m128i w16 = _mm_loadu_si128((const __m128i *)(p + blk * 16));                                \
+                const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w16, 4), w16), low4);             \
+                _Pragma("GCC unroll 4")                                                                              \
+                for (int j = 0; j < N; j++) {                                                                        \
+                    const int8_t *d = xd->digits + (t0 + j) * cols * 3 + blk * 96;                                   \
+                    const __m256i a = DOT(zero, w, _mm256_loadu_si256((const __m256i *)d), ones);                    \
+                    const __m256i b = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 32)), ones);             \
+                    const __m256i c = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 64)), ones);             \
+                    t[j] = _mm256_add_epi32(t[j], _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(a, 16),        \
+                                                                                     _mm256_slli_epi32(b, 8)), c));  \
+                }                                                                                                    \
+            }                                                                                                        \
+            const __m256 sg = _mm256_set1_ps(scale[g]);                                                              \
+            _Pragma("GCC unroll 4")                                                                                  \
+            for (int j = 0; j < N; j++) {                                                                            \
                 const __m256i lanes = _mm256_loadu_si256((const __m256i *)(xd->bias + ((t0 + j) * groups + g) * 8)); \
                 row[j] = _mm256_add_ps(row[j], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(t[j], lanes)), sg)); \
-            }                                                                                                      \
-        }                                                                                                          \
-        _Pragma("GCC unroll 4")                                                                                    \
-        for (int j = 0; j < N; j++) {                                                                              \
-            float l[8];                                                                                            \
-            _mm256_storeu_ps(l, row[j]);                                                                           \
-            out[j] = LANES_SUM(l) * xd->sc[t0 + j].step;                                                           \
-        }                                                                                                          \
-    }                                                                                                              \
-    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t groups,         \
-                                                     int32_t group, const q4d_x *xd, int64_t cols, int64_t t0,     \
-                                                     int n, float *out) {                                          \
-        if (n == Q4_TOKENS) NAME##_n(p, scale, groups, group, xd, cols, t0, Q4_TOKENS, out);                       \
-        else NAME##_n(p, scale, groups, group, xd, cols, t0, 1, out);                                              \
+            }                                                                                                        \
+        }                                                                                                            \
+        _Pragma("GCC unroll 4")                                                                                      \
+        for (int j = 0; j < N; j++) {                                                                                \
+            float l[8];                                                                                              \
+            _mm256_storeu_ps(l, row[j]);                                                                             \
+            out[j] = LANES_SUM(l) * xd->sc[t0 + j].step;                                                             \
+        }                                                                                                            \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t groups,           \
+                                                     int32_t group, const q4d_x *xd, int64_t cols, int64_t t0,       \
+                                                     int n, float *out) {                                            \
+        const int64_t pg = group / 32; /* groups of 32 (the usual) with no loop over their 32s */                    \
+        if (n == Q4_TOKENS && pg == 1) NAME##_n(p, scale, groups, xd, cols, t0, Q4_TOKENS, 1, out);                  \
+        else if (n == Q4_TOKENS) NAME##_n(p, scale, groups, xd, cols, t0, Q4_TOKENS, pg, out);                       \
+        else if (pg == 1) NAME##_n(p, scale, groups, xd, cols, t0, 1, 1, out);                                       \
+        else NAME##_n(p, scale, groups, xd, cols, t0, 1, pg, out);                                                   \
     }
 
 #define DOT_AVX2(acc, w, d, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, d), ones))
@@ -546,46 +548,46 @@ static void q8d_release(q8d_x *xd) { free(xd->parts), free(xd->sc); }
  * int16 once, their products with each token's two parts summed by DOT16 (int16
  * pairs into int32 lanes), the lanes added up as 2048 h + l in an int64 every
  * Q8D_FLUSH columns, the last cols % 16 from x; out: the exact sum as a float. */
-#define Q8D_ROW(NAME, TARGET, DOT16)                                                                               \
-    __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                    \
-        const int8_t *q, int64_t cols, const float *x, const q8d_x *xd, int64_t t0, const int N, float *out) {     \
-        const int64_t blocks = cols / 16, per = blocks * 32;                                                       \
-        int64_t sum[Q8_TOKENS];                                                                                    \
-        _Pragma("GCC unroll 4")                                                                                    \
-        for (int j = 0; j < N; j++) sum[j] = 0;                                                                    \
-        for (int64_t b0 = 0; b0 < blocks; b0 += Q8D_FLUSH / 16) {                                                  \
-            const int64_t b1 = b0 + Q8D_FLUSH / 16 < blocks ? b0 + Q8D_FLUSH / 16 : blocks;                        \
-            __m256i h[Q8_TOKENS], l[Q8_TOKENS];                                                                    \
-            _Pragma("GCC unroll 4")                                                                                \
-            for (int j = 0; j < N; j++) h[j] = l[j] = _mm256_setzero_si256();                                      \
-            for (int64_t blk = b0; blk < b1; blk++) {                                                              \
-                const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + blk * 16)));         \
-                _Pragma("GCC unroll 4")                                                                            \
-                for (int j = 0; j < N; j++) {                                                                      \
-                    const __m256i *d = (const __m256i *)(xd->parts + (t0 + j) * per + blk * 32);                   \
-                    h[j] = DOT16(h[j], w, _mm256_loadu_si256(d));                                                  \
-                    l[j] = DOT16(l[j], w, _mm256_loadu_si256(d + 1));                                              \
-                }                                                                                                  \
-            }                                                                                                      \
-            _Pragma("GCC unroll 4")                                                                                \
-            for (int j = 0; j < N; j++) {                                                                          \
-                int32_t hv[8], lv[8];                                                                              \
-                _mm256_storeu_si256((__m256i *)hv, h[j]);                                                          \
-                _mm256_storeu_si256((__m256i *)lv, l[j]);                                                          \
-                for (int k = 0; k < 8; k++) sum[j] += 2048 * (int64_t)hv[k] + lv[k];                               \
-            }                                                                                                      \
-        }                                                                                                          \
-        _Pragma("GCC unroll 4")                                                                                    \
-        for (int j = 0; j < N; j++) {                                                                              \
-            const float *xt = x + (t0 + j) * cols;                                                                 \
+#define Q8D_ROW(NAME, TARGET, DOT16)                                                                                 \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                      \
+        const int8_t *q, int64_t cols, const float *x, const q8d_x *xd, int64_t t0, const int N, float *out) {       \
+        const int64_t blocks = cols / 16, per = blocks * 32;                                                         \
+        int64_t sum[Q8_TOKENS];                                                                                      \
+        _Pragma("GCC unroll 4")                                                                                      \
+        for (int j = 0; j < N; j++) sum[j] = 0;                                                                      \
+        for (int64_t b0 = 0; b0 < blocks; b0 += Q8D_FLUSH / 16) {                                                    \
+            const int64_t b1 = b0 + Q8D_FLUSH / 16 < blocks ? b0 + Q8D_FLUSH / 16 : blocks;                          \
+            __m256i h[Q8_TOKENS], l[Q8_TOKENS];                                                                      \
+            _Pragma("GCC unroll 4")                                                                                  \
+            for (int j = 0; j < N; j++) h[j] = l[j] = _mm256_setzero_si256();                                        \
+            for (int64_t blk = b0; blk < b1; blk++) {                                                                \
+                const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + blk * 16)));            \
+                _Pragma("GCC unroll 4")                                                                              \
+                for (int j = 0; j < N; j++) {                                                                        \
+                    const __m256i *d = (const __m256i *)(xd->parts + (t0 + j) * per + blk * 32);                     \
+                    h[j] = DOT16(h[j], w, _mm256_loadu_si256(d));                                                    \
+                    l[j] = DOT16(l[j], w, _mm256_loadu_si256(d + 1));                                                \
+                }                                                                                                    \
+            }                                                                                                        \
+            _Pragma("GCC unroll 4")                                                                                  \
+            for (int j = 0; j < N; j++) {                                                                            \
+                int32_t hv[8], lv[8];                                                                                \
+                _mm256_storeu_si256((__m256i *)hv, h[j]);                                                            \
+                _mm256_storeu_si256((__m256i *)lv, l[j]);                                                            \
+                for (int k = 0; k < 8; k++) sum[j] += 2048 * (int64_t)hv[k] + lv[k];                                 \
+            }                                                                                                        \
+        }                                                                                                            \
+        _Pragma("GCC unroll 4")                                                                                      \
+        for (int j = 0; j < N; j++) {                                                                                \
+            const float *xt = x + (t0 + j) * cols;                                                                   \
             for (int64_t c = blocks * 16; c < cols; c++) sum[j] += (int64_t)q[c] * q4d_value(xt[c], xd->sc[t0 + j]); \
-            out[j] = (float)sum[j];                                                                                \
-        }                                                                                                          \
-    }                                                                                                              \
-    __attribute__((target(TARGET))) static void NAME(const int8_t *q, int64_t cols, const float *x,                \
-                                                     const q8d_x *xd, int64_t t0, int n, float *out) {             \
-        if (n == Q8_TOKENS) NAME##_n(q, cols, x, xd, t0, Q8_TOKENS, out);                                          \
-        else NAME##_n(q, cols, x, xd, t0, 1, out);                                                                 \
+            out[j] = (float)sum[j];                                                                                  \
+        }                                                                                                            \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(const int8_t *q, int64_t cols, const float *x,                  \
+                                                     const q8d_x *xd, int64_t t0, int n, float *out) {               \
+        if (n == Q8_TOKENS) NAME##_n(q, cols, x, xd, t0, Q8_TOKENS, out);                                            \
+        else NAME##_n(q, cols, x, xd, t0, 1, out);                                                                   \
     }
 
 /* VNNI's dpwssd would fuse the two, but its sum waits on the one before (AVX2's
