@@ -65,6 +65,29 @@ static float dot_f32_portable(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* int8 rows: four sets of eight lanes (set j takes elements i + 8j + k of each 32),
+ * so that four sums grow side by side instead of one; the sets are added lane by
+ * lane ((0 + 1) + (2 + 3)) before the lanes are, and a last 8-block goes to set 0. */
+#define Q8_SETS 4
+static float q8_sets_sum(const float (*acc)[8]) {
+    float l[8];
+    for (int k = 0; k < 8; k++) l[k] = (acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]);
+    return LANES_SUM(l);
+}
+
+static float dot_q8_portable(const float *x, const int8_t *q, int64_t n) {
+    float acc[Q8_SETS][8] = {{0}};
+    int64_t i = 0;
+    for (; i + 8 * Q8_SETS <= n; i += 8 * Q8_SETS)
+        for (int j = 0; j < Q8_SETS; j++)
+            for (int k = 0; k < 8; k++) acc[j][k] += x[i + 8 * j + k] * (float)q[i + 8 * j + k];
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[0][k] += x[i + k] * (float)q[i + k];
+    float sum = q8_sets_sum((const float(*)[8])acc);
+    for (; i < n; i++) sum += x[i] * (float)q[i];
+    return sum;
+}
+
 /* One group of a q4 row: `group` values from group/2 bytes, low nibble first. */
 static float dot_q4_portable(const float *x, const uint8_t *p, int32_t group) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -176,18 +199,10 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
     return LANES_SUM(row) * sc.step;
 }
 
-/* An int8 row against x as integers (the same v as int4's): the sum of q v over the
- * row, exact in an int64, as a float, times the row's scale, times 2^(e - 22). */
-static float row_q8d_portable(const float *x, const int8_t *q, int64_t n, float scale, q4d_scale sc) {
-    int64_t sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (int64_t)q[i] * q4d_value(x[i], sc);
-    return (float)sum * scale * sc.step;
-}
-
 /* Tokens a block of the several-token loops below takes: a row's sums for them fit
  * the 16 vector registers with the weights. */
 #define F32_TOKENS 4
-#define Q8_TOKENS 4 /* two int32 sums a token */
+#define Q8_TOKENS 2 /* four sets of lanes a token */
 #define Q4_TOKENS 4 /* a group's and the row's lanes a token */
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -202,6 +217,28 @@ __attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const 
     _mm256_storeu_ps(l, acc);
     float sum = LANES_SUM(l);
     for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+__attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, const int8_t *q) {
+    const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+    return _mm256_mul_ps(_mm256_loadu_ps(x), w);
+}
+
+__attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const int8_t *q, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
+        a1 = _mm256_add_ps(a1, q8_product(x + i + 8, q + i + 8));
+        a2 = _mm256_add_ps(a2, q8_product(x + i + 16, q + i + 16));
+        a3 = _mm256_add_ps(a3, q8_product(x + i + 24, q + i + 24));
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
+    float l[8];
+    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float sum = LANES_SUM(l);
+    for (; i < n; i++) sum += x[i] * (float)q[i];
     return sum;
 }
 
@@ -296,6 +333,38 @@ __attribute__((target("avx2"))) static void dot_f32_avx2_tokens(const float *w, 
         _mm256_storeu_ps(l, acc[j]);
         float sum = LANES_SUM(l);
         for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * w[k];
+        y[j] = sum;
+    }
+}
+
+__attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, const float *x, int64_t stride,
+                                                               int64_t n, float *y) {
+    __m256 acc[Q8_TOKENS][Q8_SETS];
+    #pragma GCC unroll 4
+    for (int j = 0; j < Q8_TOKENS; j++)
+        #pragma GCC unroll 4
+        for (int k = 0; k < Q8_SETS; k++) acc[j][k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 * Q8_SETS <= n; i += 8 * Q8_SETS)
+        #pragma GCC unroll 4
+        for (int k = 0; k < Q8_SETS; k++) {
+            const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 8 * k))));
+            #pragma GCC unroll 4
+            for (int j = 0; j < Q8_TOKENS; j++)
+                acc[j][k] = _mm256_add_ps(acc[j][k], _mm256_mul_ps(_mm256_loadu_ps(x + j * stride + i + 8 * k), wv));
+        }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+        #pragma GCC unroll 4
+        for (int j = 0; j < Q8_TOKENS; j++)
+            acc[j][0] = _mm256_add_ps(acc[j][0], _mm256_mul_ps(_mm256_loadu_ps(x + j * stride + i), wv));
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < Q8_TOKENS; j++) {
+        float l[8];
+        _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3])));
+        float sum = LANES_SUM(l);
+        for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * (float)q[k];
         y[j] = sum;
     }
 }
@@ -493,109 +562,7 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
 Q4D_ROW(row_q4d_avx2, "avx2", DOT_AVX2)
 Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
 
-/* x of s tokens for the int8 rows: per token, per 16 values, v's high and low parts
- * as int16 (v = 2048 h + l, l in [0, 2048): both fit, and so do their products with
- * int8 weights in int16 pair sums), [s][cols / 16][2][16]; the last cols % 16 values
- * are taken from x itself. */
-typedef struct q8d_x {
-    int16_t *parts;
-    q4d_scale *sc;
-} q8d_x;
-
-__attribute__((target("avx2"))) static void q8d_prepare_avx2(const float *x, int64_t cols, int16_t *parts,
-                                                              q4d_scale *out) {
-    int bad = 0;
-    const float max = abs_max_avx2(x, cols, &bad);
-    const q4d_scale sc = q4d_scale_from(max, bad);
-    *out = sc;
-    const __m256 m1 = _mm256_set1_ps(bad ? 0.0f : sc.m1), m2 = _mm256_set1_ps(sc.m2);
-    const __m256i low = _mm256_set1_epi32(2047);
-    for (int64_t blk = 0; blk < cols / 16; blk++) {
-        __m256i v[2];
-        for (int h = 0; h < 2; h++) {
-            __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + blk * 16 + 8 * h), m1), m2);
-            if (bad) f = _mm256_setzero_ps();
-            v[h] = _mm256_cvtps_epi32(f);
-        }
-        /* packs takes 128-bit halves in turn: the qword permute puts the 16 back in order */
-        const __m256i hi = _mm256_packs_epi32(_mm256_srai_epi32(v[0], 11), _mm256_srai_epi32(v[1], 11));
-        const __m256i lo = _mm256_packs_epi32(_mm256_and_si256(v[0], low), _mm256_and_si256(v[1], low));
-        __m256i *d = (__m256i *)(parts + blk * 32);
-        _mm256_storeu_si256(d, _mm256_permute4x64_epi64(hi, 0xD8));
-        _mm256_storeu_si256(d + 1, _mm256_permute4x64_epi64(lo, 0xD8));
-    }
-}
-
-static int q8d_prepare(q8d_x *xd, const float *x, int64_t s, int64_t cols) {
-    const int64_t per = cols / 16 * 32;
-    xd->parts = malloc((size_t)(s * per + 1) * sizeof *xd->parts);
-    xd->sc = malloc((size_t)s * sizeof *xd->sc);
-    if (!xd->parts || !xd->sc) {
-        free(xd->parts), free(xd->sc);
-        return 0;
-    }
-    for (int64_t t = 0; t < s; t++) q8d_prepare_avx2(x + t * cols, cols, xd->parts + t * per, xd->sc + t);
-    return 1;
-}
-
-static void q8d_release(q8d_x *xd) { free(xd->parts), free(xd->sc); }
-
-/* Columns an int32 lane of the int8 rows may sum before it is added into an int64:
- * a lane takes 2 products a 16, each below 127 * 2^11, so 2^15 columns stay below 2^31. */
-#define Q8D_FLUSH 32768
-
-/* A row against N tokens of xd from t0: the weights' 16 bytes of each 16 widened to
- * int16 once, their products with each token's two parts summed by DOT16 (int16
- * pairs into int32 lanes), the lanes added up as 2048 h + l in an int64 every
- * Q8D_FLUSH columns, the last cols % 16 from x; out: the exact sum as a float. */
-#define Q8D_ROW(NAME, TARGET, DOT16)                                                                                 \
-    __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                      \
-        const int8_t *q, int64_t cols, const float *x, const q8d_x *xd, int64_t t0, const int N, float *out) {       \
-        const int64_t blocks = cols / 16, per = blocks * 32;                                                         \
-        int64_t sum[Q8_TOKENS];                                                                                      \
-        _Pragma("GCC unroll 4")                                                                                      \
-        for (int j = 0; j < N; j++) sum[j] = 0;                                                                      \
-        for (int64_t b0 = 0; b0 < blocks; b0 += Q8D_FLUSH / 16) {                                                    \
-            const int64_t b1 = b0 + Q8D_FLUSH / 16 < blocks ? b0 + Q8D_FLUSH / 16 : blocks;                          \
-            __m256i h[Q8_TOKENS], l[Q8_TOKENS];                                                                      \
-            _Pragma("GCC unroll 4")                                                                                  \
-            for (int j = 0; j < N; j++) h[j] = l[j] = _mm256_setzero_si256();                                        \
-            for (int64_t blk = b0; blk < b1; blk++) {                                                                \
-                const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + blk * 16)));            \
-                _Pragma("GCC unroll 4")                                                                              \
-                for (int j = 0; j < N; j++) {                                                                        \
-                    const __m256i *d = (const __m256i *)(xd->parts + (t0 + j) * per + blk * 32);                     \
-                    h[j] = DOT16(h[j], w, _mm256_loadu_si256(d));                                                    \
-                    l[j] = DOT16(l[j], w, _mm256_loadu_si256(d + 1));                                                \
-                }                                                                                                    \
-            }                                                                                                        \
-            _Pragma("GCC unroll 4")                                                                                  \
-            for (int j = 0; j < N; j++) {                                                                            \
-                int32_t hv[8], lv[8];                                                                                \
-                _mm256_storeu_si256((__m256i *)hv, h[j]);                                                            \
-                _mm256_storeu_si256((__m256i *)lv, l[j]);                                                            \
-                for (int k = 0; k < 8; k++) sum[j] += 2048 * (int64_t)hv[k] + lv[k];                                 \
-            }                                                                                                        \
-        }                                                                                                            \
-        _Pragma("GCC unroll 4")                                                                                      \
-        for (int j = 0; j < N; j++) {                                                                                \
-            const float *xt = x + (t0 + j) * cols;                                                                   \
-            for (int64_t c = blocks * 16; c < cols; c++) sum[j] += (int64_t)q[c] * q4d_value(xt[c], xd->sc[t0 + j]); \
-            out[j] = (float)sum[j];                                                                                  \
-        }                                                                                                            \
-    }                                                                                                                \
-    __attribute__((target(TARGET))) static void NAME(const int8_t *q, int64_t cols, const float *x,                  \
-                                                     const q8d_x *xd, int64_t t0, int n, float *out) {               \
-        if (n == Q8_TOKENS) NAME##_n(q, cols, x, xd, t0, Q8_TOKENS, out);                                            \
-        else NAME##_n(q, cols, x, xd, t0, 1, out);                                                                   \
-    }
-
-/* VNNI's dpwssd would fuse the two, but its sum waits on the one before (AVX2's
- * multiply does not), and it ran slower here */
-#define DOT16_AVX2(acc, w, d) _mm256_add_epi32(acc, _mm256_madd_epi16(w, d))
-Q8D_ROW(row_q8d_avx2, "avx2", DOT16_AVX2)
-
-/* The loops this CPU runs: 2 AVX-512 VNNI (int4's byte products; AVX2 elsewhere), 1
+/* The loops this CPU runs: 2 AVX-512 VNNI (its byte products; AVX2 elsewhere), 1
  * AVX2, 0 portable. COLI_CPU_PORTABLE=1 forces 0, COLI_CPU_LOOPS=avx2 at most 1
  * (tests compare every level's bits). */
 static int cpu_level(void) {
@@ -658,6 +625,13 @@ float coli_dot_f32(const float *a, const float *b, int64_t n) {
     return dot_f32_portable(a, b, n);
 }
 
+static float dot_q8(const float *x, const int8_t *q, int64_t n) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) return dot_q8_avx2(x, q, n);
+#endif
+    return dot_q8_portable(x, q, n);
+}
+
 static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_t groups, int32_t group) {
 #ifdef HAVE_AVX2_PATH
     if (use_avx2()) return row_q4_avx2(x, p, scale, groups, group);
@@ -685,25 +659,18 @@ void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const floa
 
 void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
                          int64_t s, float *y, int64_t r0, int64_t r1) {
+    float out[Q8_TOKENS];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t t = 0;
 #ifdef HAVE_AVX2_PATH
-    q8d_x xd;
-    if (use_avx2() && q8d_prepare(&xd, x, s, cols)) {
-        float out[Q8_TOKENS];
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t t = 0; t < s;) {
-                const int n = s - t >= Q8_TOKENS ? Q8_TOKENS : 1;
-                row_q8d_avx2(q + r * cols, cols, x, &xd, t, n, out);
-                for (int j = 0; j < n; j++) y[(t + j) * rows + r] = out[j] * scale[r] * xd.sc[t + j].step;
-                t += n;
-            }
-        q8d_release(&xd);
-        return;
-    }
+        for (; use_avx2() && t + Q8_TOKENS <= s; t += Q8_TOKENS) {
+            dot_q8_avx2_tokens(q + r * cols, x + t * cols, cols, cols, out);
+            for (int j = 0; j < Q8_TOKENS; j++) y[(t + j) * rows + r] = out[j] * scale[r];
+        }
 #endif
-    for (int64_t t = 0; t < s; t++) {
-        const q4d_scale sc = q4d_scale_of(x + t * cols, cols);
-        for (int64_t r = r0; r < r1; r++) y[t * rows + r] = row_q8d_portable(x + t * cols, q + r * cols, cols, scale[r], sc);
+        for (; t < s; t++) y[t * rows + r] = dot_q8(x + t * cols, q + r * cols, cols) * scale[r];
     }
+    (void)out;
 }
 
 void coli_matmul_q4_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
