@@ -775,16 +775,27 @@ __device__ inline void select_topk(const float *sc, uint8_t *s, int64_t valid, i
 
 /* Heads of the indexer a warp scores side by side: their sums are independent, so
  * their loads and lane exchanges overlap. */
-#define INDEX_HEADS 8
+#define INDEX_HEADS 4
+
+/* Blocks of the indexer an SM holds at least: its grid is large (a prefill's rows
+ * times its keys / 8), and the selection's held scores would otherwise take twice
+ * the registers of the scoring and halve the blocks (nvcc -Xptxas -v: 80 registers
+ * against 40 this way, 8 bytes spilled). HIP reads the number as waves an EU: 1. */
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
+#define INDEX_MIN_BLOCKS 1
+#else
+#define INDEX_MIN_BLOCKS 6
+#endif
 
 /* The DSA indexer, one kernel: a block per 8 keys of a query (row), a warp a key.
  * A query that sees no more than topk keys selects them all, and its scores are not
  * needed: each block writes its keys' selection and leaves. Else scores[row][t] for
  * keys t <= p + row (the heads' terms added in head order), and the last of the
  * row's blocks to finish (counts[row]) selects the topk best (select_topk). */
-__global__ void indexer_kernel(const float *iq, const float *iw, const float *keys, float *scores, uint8_t *sel,
-                               int32_t *counts, const int64_t *pos, int64_t heads, int64_t dim, int64_t stride,
-                               int64_t topk, int64_t rows, float weight_scale) {
+__global__ void __launch_bounds__(STEP_THREADS, INDEX_MIN_BLOCKS)
+    indexer_kernel(const float *iq, const float *iw, const float *keys, float *scores, uint8_t *sel, int32_t *counts,
+                   const int64_t *pos, int64_t heads, int64_t dim, int64_t stride, int64_t topk, int64_t rows,
+                   float weight_scale) {
     STEP_KERNEL_BEGIN();
     const int64_t row = blockIdx.y, valid = *pos + row + 1, total = *pos + rows;
     const int64_t per = blockDim.x / WARP, b0 = blockIdx.x * per;
