@@ -277,9 +277,12 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
         }
         END();
     }
-    /* a GPU splits a long query's keys finer where there are few (query, head) pairs (at 1) */
-    for (int at = 0; at < 3; at++) {
-        const int64_t pos = at ? 300 : 0, rows = at == 2 ? 50 : 2, heads = 3, qk = 40, vd = 24, stride = 360;
+    /* a GPU splits a query's keys finer where there are few (query, head) pairs (at 1, 3, 4), coarser where
+     * the selection's stride leaves few spans (at 4) */
+    static const int64_t attend_cases[][3] = {{0, 2, 360}, {300, 2, 360}, {300, 50, 360}, {100, 1, 360}, {100, 1, 101}};
+    for (int at = 0; at < 5; at++) {
+        const int64_t pos = attend_cases[at][0], rows = attend_cases[at][1], stride = attend_cases[at][2];
+        const int64_t heads = 3, qk = 40, vd = 24;
         const int64_t keys = pos + rows;
         BEGIN("attend", "%lld queries of 3 heads (qk 40, v 24) over %lld keys, half selected", (long long)rows,
               (long long)keys);
@@ -330,20 +333,24 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
     static const char *names[] = {"f32", "int8", "int4"};
     /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
      * in its mma layout; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
-     * more than one row), 1 row not */
-    static const struct { int fmt; int64_t inter, hid, rows; int32_t group; } variants[] = {
-        {0, 24, 40, 3, 8}, {1, 24, 40, 3, 8}, {2, 24, 40, 3, 8}, {2, 128, 256, 3, 32}, {1, 24, 40, 1, 8}, {2, 128, 256, 1, 32}};
+     * more than one row), 1 row not; `routed`: a route op before it gives the picks and weights, as in a
+     * decode's step (the GPU routes inside the experts' first kernel then) */
+    static const struct { int fmt; int64_t inter, hid, rows; int32_t group; int routed; } variants[] = {
+        {0, 24, 40, 3, 8, 0},     {1, 24, 40, 3, 8, 0},  {2, 24, 40, 3, 8, 0},      {2, 128, 256, 3, 32, 0},
+        {1, 24, 40, 1, 8, 0},     {2, 128, 256, 1, 32, 0}, {1, 24, 40, 1, 8, 1}, {2, 128, 256, 1, 32, 1}};
     for (int vi = 0; vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
         const int fmt = variants[vi].fmt;
         const int32_t G = variants[vi].group;
         const int64_t E = 6, I = variants[vi].inter, H = variants[vi].hid, rows = variants[vi].rows, K = 2;
-        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), %lld row(s) of 2", names[fmt], (long long)I,
-              (long long)H, (int)G, (long long)rows);
+        const int routed = variants[vi].routed;
+        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), %lld row(s) of 2%s", names[fmt], (long long)I,
+              (long long)H, (int)G, (long long)rows, routed ? ", routed first" : "");
         float *xv = F(rows * H), *w = F(rows * K), *ref = F(rows * H), *got = F(rows * H);
         float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * (I * H / G + H));
         int8_t *q8 = take(&A, (size_t)(3 * E * I * H));
         uint8_t *q4 = take(&A, (size_t)(3 * E * I * H / 2));
-        const int32_t idx[6] = {4, 1, 0, 1, 1, 4};
+        int32_t idx[6] = {4, 1, 0, 1, 1, 4}, gi[6];
+        float lg[6 * 3], bias[6];
         if (!q8 || !q4 || !sc) {
             c->status = -1;
             snprintf(c->message, sizeof c->message, "out of host memory");
@@ -351,6 +358,10 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
             continue;
         }
         fill(xv, rows * H, 1.0f), fill(w, rows * K, 1.0f), fill(wf, 3 * E * I * H, 0.3f);
+        if (routed) {
+            fill(lg, rows * E, 3.0f), fill(bias, E, 0.5f);
+            for (int64_t r = 0; r < rows; r++) coli_route(lg + r * E, bias, E, 1, 1, K, 1, 2.5f, idx + r * K, w + r * K);
+        }
         const float *we[18];
         int8_t *q8e[18];
         uint8_t *q4e[18];
@@ -385,11 +396,22 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
                     }
                     for (int64_t d = 0; d < H; d++) ref[r * H + d] += eo[d] * w[r * K + j];
                 }
-        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, idx, (size_t)(rows * K) * 4);
-        coli_ref wr = put(&X, w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
-        run_op(&X, coli_op_moe(xr, ir, wr, o, rows, K, X.tensors, (int32_t)(3 * E)), 0, 2);
+        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, routed ? NULL : idx, (size_t)(rows * K) * 4);
+        coli_ref wr = put(&X, routed ? NULL : w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
+        const coli_op moe = coli_op_moe(xr, ir, wr, o, rows, K, X.tensors, (int32_t)(3 * E));
+        if (routed) {
+            coli_ref l = put(&X, lg, (size_t)(rows * E) * 4), br = put(&X, bias, (size_t)E * 4);
+            const coli_op ops[2] = {coli_op_route(l, br, ir, wr, rows, E, 1, 1, K, 1, 2.5f), moe};
+            run_ops(&X, ops, 2, 0, 2);
+        } else {
+            run_op(&X, moe, 0, 2);
+        }
         get(&X, o, got, (size_t)(rows * H) * 4);
         c->err = rel_err(got, ref, rows * H);
+        if (routed) { /* the picks the experts' kernel wrote for the rest of the step */
+            get(&X, ir, gi, (size_t)(rows * K) * 4);
+            if (differ_i32(gi, idx, rows * K)) c->err = 1.0;
+        }
         END();
     }
     {

@@ -74,6 +74,14 @@
 #define COLI_LOAD_FRESH(p) (*(p))
 #define COLI_LOAD_GRID(p) (*(volatile const float *)(p)) /* device-coherent: past the CU's L1 */
 #define COLI_HAS_PDL 0 /* no programmatic dependent launch: kernels run one after another */
+/* a warp's lanes meet and see each other's shared-memory writes: a wavefront runs in
+ * lockstep, so a fence and a barrier to code motion are enough (ROCm's own __syncwarp) */
+#define COLI_SYNC_WARP()                                     \
+    do {                                                     \
+        __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); \
+        __builtin_amdgcn_wave_barrier();                     \
+        __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"); \
+    } while (0)
 #else
 #include <cuda_runtime.h>
 #define COLI_GPU_API "cuda"
@@ -93,6 +101,7 @@
  * never from this SM's L1, which may hold the line from an earlier run. */
 #define COLI_LOAD_GRID(p) __ldcg(p)
 #define COLI_HAS_PDL 1
+#define COLI_SYNC_WARP() __syncwarp()
 #endif
 
 /* 16-byte copies from global to shared memory that run in the background

@@ -14,10 +14,12 @@
  * in turn, so that matmuls on different streams do not share one. */
 #define PLANE_SLOTS 4
 
-/* What a step launches as one: ops [first, first + len); len 2 or 3 is an add (or
- * two) and the rmsnorm of the sum (add_rmsnorm_kernel). */
+/* What a step launches as one: ops [first, first + len), one op, an add (or two)
+ * and the rmsnorm of the sum (add_rmsnorm_kernel), or a route and the moe that
+ * takes its picks (moe_up_kernel routing its own rows). */
+enum { UNIT_OP, UNIT_ADD_RMSNORM, UNIT_ROUTE_MOE };
 struct gpu_unit {
-    int32_t first, len;
+    int32_t first, len, kind;
 };
 
 /* What a step keeps besides its ops: scratch sized for its largest op, the expert
@@ -70,8 +72,8 @@ static bool fuse_ops(void) {
 
 /* The ops from k that add_rmsnorm_kernel takes as one: add, rmsnorm of its sum (2),
  * or add(a, b), add(x, a), rmsnorm of x (3); else 1. */
-static int32_t fused_length(const coli_rec *r, int32_t k) {
-    if (!fuse_ops() || k + 1 >= r->count || r->ops[k].op.kind != COLI_OP_ADD) return 1;
+static int32_t add_rmsnorm_length(const coli_rec *r, int32_t k) {
+    if (k + 1 >= r->count || r->ops[k].op.kind != COLI_OP_ADD) return 1;
     const coli_add_operands first = coli_unpack_add(&r->ops[k].op, r->ops[k].p);
     int32_t len = 2;
     coli_add_operands sum = first;
@@ -91,6 +93,23 @@ static int32_t fused_length(const coli_rec *r, int32_t k) {
  * fewer, as in a decode, go pair by pair. */
 static bool moe_grouped(int64_t rows, int64_t k, int64_t experts) {
     return rows * k >= experts && experts <= 1024 && moe_tiles_max(rows * k, experts) <= 65535;
+}
+
+/* Whether op k is a route whose picks and weights the next op, a moe going pair by
+ * pair, takes whole: the two as one unit (route_row's scratch holds 1024 experts). */
+static bool route_then_moe(const coli_rec *r, int32_t k) {
+    if (k + 1 >= r->count || r->ops[k].op.kind != COLI_OP_ROUTE || r->ops[k + 1].op.kind != COLI_OP_MOE) return false;
+    const coli_route_operands a = coli_unpack_route(&r->ops[k].op, r->ops[k].p);
+    const coli_moe_operands m = coli_unpack_moe(&r->ops[k + 1].op, r->ops[k + 1].p);
+    return m.idx == a.idx && m.w == a.w && m.rows == a.rows && m.k == a.k && a.experts == m.n_tensors / 3 &&
+           a.experts <= 1024 && !moe_grouped(m.rows, m.k, a.experts);
+}
+
+/* The unit that starts at op k (COLI_GPU_FUSE=0: every op its own). */
+static gpu_unit unit_at(const coli_rec *r, int32_t k) {
+    if (fuse_ops() && route_then_moe(r, k)) return gpu_unit{k, 2, UNIT_ROUTE_MOE};
+    const int32_t len = fuse_ops() ? add_rmsnorm_length(r, k) : 1;
+    return gpu_unit{k, len, len > 1 ? UNIT_ADD_RMSNORM : UNIT_OP};
 }
 
 static coli_span span_of(const void *p, uint64_t bytes, int32_t write) {
@@ -141,7 +160,7 @@ static coli_status gpu_rec_plan(const coli_rec *r, gpu_rec *g) {
     int32_t used = 0;
     for (int32_t k = 0; planned && k < r->count;) {
         gpu_unit *u = &g->units[g->n_units];
-        u->first = k, u->len = fused_length(r, k);
+        *u = unit_at(r, k);
         units[g->n_units].spans = spans + used;
         for (int32_t j = 0; j < u->len; j++) used += op_spans(r, g, k + j, spans + used);
         units[g->n_units].n_spans = (int32_t)(spans + used - units[g->n_units].spans);
@@ -270,8 +289,17 @@ static void rec_release(coli_rec *r) {
     r->impl = NULL;
 }
 
+/* The route op's operands as its kernels take them. */
+static route_args route_args_of(const coli_rec_op *o) {
+    const coli_route_operands a = coli_unpack_route(&o->op, o->p);
+    return route_args{a.logits, a.bias, a.idx, a.w, (int)a.experts, (int)a.groups, (int)a.topk_group, (int)a.k,
+                      (int)a.norm, a.scaling};
+}
+
+/* `route`: the route op before it, where the two are one unit (UNIT_ROUTE_MOE), else NULL. */
 template <int FORMAT>
-static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight *table, cudaStream_t st) {
+static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight *table, const coli_rec_op *route,
+                       cudaStream_t st) {
     const coli_moe_operands a = coli_unpack_moe(&o->op, o->p);
     const int64_t inter = o->w[0]->rows, hid = o->w[0]->cols, experts = a.n_tensors / 3, pairs = a.rows * a.k;
     const int per = STEP_THREADS / WARP;
@@ -295,11 +323,24 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
             st, g->moe_eo, a.idx, a.w, a.out, a.k, hid, experts);
         return;
     }
-    launch_early(chain_calls(), moe_up_kernel<FORMAT>, dim3(up_blocks, (unsigned)pairs), dim3(STEP_THREADS), 0, st,
-        table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts);
+    const unsigned rows_a_block = (unsigned)(per / MOE_UP_SPLIT), decode_up_blocks = (unsigned)((inter + rows_a_block - 1) / rows_a_block);
+    if (route)
+        launch_early(chain_calls(), moe_up_kernel<FORMAT, true>, dim3(decode_up_blocks, (unsigned)pairs), dim3(STEP_THREADS),
+            0, st, table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts, route_args_of(route));
+    else
+        launch_early(chain_calls(), moe_up_kernel<FORMAT, false>, dim3(decode_up_blocks, (unsigned)pairs), dim3(STEP_THREADS),
+            0, st, table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts, route_args{});
     const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs(a.k) - 1) / moe_down_outputs(a.k));
     launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
         table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
+}
+
+/* The moe op at `at` (`route`: as launch_moe's). */
+static void launch_moe_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, const coli_rec_op *route, cudaStream_t st) {
+    const dev_weight *table = g->tables[at];
+    if (o->w[0]->format == COLI_FMT_F32) launch_moe<COLI_FMT_F32>(o, g, table, route, st);
+    else if (o->w[0]->format == COLI_FMT_Q8) launch_moe<COLI_FMT_Q8>(o, g, table, route, st);
+    else launch_moe<COLI_FMT_Q4>(o, g, table, route, st);
 }
 
 /* Queues one op; the launch's error, if any, is read once after the step. */
@@ -377,17 +418,10 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ROUTE: {
         const coli_route_operands a = coli_unpack_route(&o->op, p);
-        launch_early(chain_calls(), route_kernel, dim3((unsigned)a.rows), dim3(WARP), 0, st, a.logits, a.bias, a.idx,
-            a.w, (int)a.experts, (int)a.groups, (int)a.topk_group, (int)a.k, (int)a.norm, a.scaling);
+        launch_early(chain_calls(), route_kernel, dim3((unsigned)a.rows), dim3(WARP), 0, st, route_args_of(o));
         break;
     }
-    case COLI_OP_MOE: {
-        const dev_weight *table = g->tables[at];
-        if (o->w[0]->format == COLI_FMT_F32) launch_moe<COLI_FMT_F32>(o, g, table, st);
-        else if (o->w[0]->format == COLI_FMT_Q8) launch_moe<COLI_FMT_Q8>(o, g, table, st);
-        else launch_moe<COLI_FMT_Q4>(o, g, table, st);
-        break;
-    }
+    case COLI_OP_MOE: launch_moe_op(o, at, g, NULL, st); break;
     default: {
         const coli_argmax_operands a = coli_unpack_argmax(&o->op, p);
         launch_early(chain_calls(), argmax_kernel, dim3((unsigned)a.rows), dim3(ARGMAX_THREADS), 0, st, a.logits,
@@ -396,7 +430,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
 }
 
-/* A unit of fused_length 2 or 3 as one add_rmsnorm_kernel. */
+/* A UNIT_ADD_RMSNORM unit (2 or 3 ops) as one add_rmsnorm_kernel. */
 static void launch_add_rmsnorm(const coli_rec *r, const gpu_unit *u, cudaStream_t st) {
     const coli_rec_op *first = &r->ops[u->first], *norm = &r->ops[u->first + u->len - 1];
     const coli_add_operands a = coli_unpack_add(&first->op, first->p);
@@ -466,8 +500,12 @@ static coli_status launch_ops(const coli_rec *r, const gpu_rec *g) {
         for (int32_t q = 0; q < g->queues; q++)
             if (pl->wait[q] >= 0) GPU_CHECK(cudaStreamWaitEvent(st, g->done[pl->wait[q]], 0));
         const coli_rec_op *first = &r->ops[unit->first];
-        if (!omit(unit->len > 1 ? (int)OMIT_FUSED : profile_slot(first), st)) {
-            if (unit->len == 1) launch_op(first, unit->first, g, st);
+        const int slot = unit->kind == UNIT_ADD_RMSNORM ? (int)OMIT_FUSED
+                         : unit->kind == UNIT_ROUTE_MOE ? (int)COLI_OP_MOE
+                                                         : profile_slot(first);
+        if (!omit(slot, st)) {
+            if (unit->kind == UNIT_OP) launch_op(first, unit->first, g, st);
+            else if (unit->kind == UNIT_ROUTE_MOE) launch_moe_op(first + 1, unit->first + 1, g, first, st);
             else launch_add_rmsnorm(r, unit, st);
         }
         if (pl->waited) GPU_CHECK(cudaEventRecord(g->done[u], st));

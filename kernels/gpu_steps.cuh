@@ -271,62 +271,84 @@ __device__ inline void warp_top2(float &a, float &b) {
     }
 }
 
-/* Every pick a warp-wide first maximum (warp_best), so each takes a few shuffles
+/* A route op's operands, for route_kernel and for the decode's experts that route
+ * their own row (moe_up_kernel's ROUTED). */
+struct route_args {
+    const float *logits, *bias;
+    int32_t *idx;
+    float *w;
+    int experts, groups, topk_group, k, norm;
+    float scaling;
+};
+
+/* route_row's scratch, in shared memory. */
+struct route_scratch {
+    float score[1024], choice[1024], gscore[1024];
+    unsigned char group_on[1024], taken[1024];
+};
+
+/* coli_route's steps for row r on one warp, its picks and weights into ri and rw.
+ * Every pick a warp-wide first maximum (warp_best), so each takes a few shuffles
  * instead of a pass over the experts on one thread. 32-bit indices: a 64-bit
  * division is a long software routine on a GPU. */
-__global__ void route_kernel(const float *logits, const float *bias, int32_t *idx, float *w, int experts, int groups,
-                             int topk_group, int k, int norm, float scaling) {
-    STEP_KERNEL_BEGIN();
-    __shared__ float score[1024], choice[1024], gscore[1024];
-    __shared__ unsigned char group_on[1024], taken[1024];
-    const int E = experts, G = groups, per = E / G, lane = (int)threadIdx.x;
-    const float *lg = logits + (int64_t)blockIdx.x * E;
+__device__ inline void route_row(const route_args &a, int64_t r, int32_t *ri, float *rw, route_scratch &s, int lane) {
+    const int E = a.experts, G = a.groups, per = E / G, k = a.k;
+    const float *lg = a.logits + r * E;
     for (int e = lane; e < E; e += WARP) {
-        score[e] = 1.0f / (1.0f + expf(-lg[e]));
-        choice[e] = score[e] + bias[e];
-        taken[e] = 0;
+        s.score[e] = 1.0f / (1.0f + expf(-lg[e]));
+        s.choice[e] = s.score[e] + a.bias[e];
+        s.taken[e] = 0;
     }
-    __syncthreads(); /* the block is one warp */
+    COLI_SYNC_WARP();
     for (int g = 0; g < G; g++) {
-        float a = -INFINITY, b2 = -INFINITY;
+        float hi = -INFINITY, lo = -INFINITY;
         for (int e = g * per + lane; e < (g + 1) * per; e += WARP) {
-            if (choice[e] > a) b2 = a, a = choice[e];
-            else if (choice[e] > b2) b2 = choice[e];
+            if (s.choice[e] > hi) lo = hi, hi = s.choice[e];
+            else if (s.choice[e] > lo) lo = s.choice[e];
         }
-        warp_top2(a, b2);
-        if (lane == 0) gscore[g] = a + b2, group_on[g] = 0;
+        warp_top2(hi, lo);
+        if (lane == 0) s.gscore[g] = hi + lo, s.group_on[g] = 0;
     }
-    __syncthreads(); /* the block is one warp */
-    for (int j = 0; j < topk_group; j++) {
+    COLI_SYNC_WARP();
+    for (int j = 0; j < a.topk_group; j++) {
         float v = -INFINITY;
         int best = -1;
         for (int g = lane; g < G; g += WARP)
-            if (!group_on[g] && (best < 0 || gscore[g] > v)) v = gscore[g], best = g;
+            if (!s.group_on[g] && (best < 0 || s.gscore[g] > v)) v = s.gscore[g], best = g;
         warp_best(v, best);
         if (best < 0) break;
-        if (lane == 0) group_on[best] = 1;
-        __syncthreads(); /* the block is one warp */
+        COLI_SYNC_WARP(); /* every lane has read group_on before it changes */
+        if (lane == 0) s.group_on[best] = 1;
+        COLI_SYNC_WARP();
     }
-    int32_t *ri = idx + (int64_t)blockIdx.x * k;
-    float *rw = w + (int64_t)blockIdx.x * k, sum = 0.0f, mine = 0.0f; /* mine: pick `lane`'s score */
+    float sum = 0.0f, mine = 0.0f; /* mine: pick `lane`'s score */
     for (int j = 0; j < k; j++) {
         float v = -INFINITY;
         int best = -1;
         for (int e = lane; e < E; e += WARP)
-            if (group_on[e / per] && !taken[e] && (best < 0 || choice[e] > v)) v = choice[e], best = e;
+            if (s.group_on[e / per] && !s.taken[e] && (best < 0 || s.choice[e] > v)) v = s.choice[e], best = e;
         warp_best(v, best);
         if (best < 0) best = 0;
-        if (lane == 0) taken[best] = 1, ri[j] = best;
-        if (j == lane) mine = score[best];
-        sum += score[best];
-        __syncthreads(); /* the block is one warp */
+        COLI_SYNC_WARP(); /* every lane has read taken before it changes */
+        if (lane == 0) s.taken[best] = 1, ri[j] = best;
+        if (j == lane) mine = s.score[best];
+        sum += s.score[best];
+        COLI_SYNC_WARP();
     }
     sum += 1e-20f;
     /* the weights: lane j writes pick j's, held since its pick (and j + 32's, ...) */
     for (int j = lane; j < k; j += WARP) {
-        const float sj = j == lane ? mine : score[ri[j]];
-        rw[j] = (norm ? sj / sum : sj) * scaling;
+        const float sj = j == lane ? mine : s.score[ri[j]];
+        rw[j] = (a.norm ? sj / sum : sj) * a.scaling;
     }
+}
+
+/* A row a one-warp block. */
+__global__ void route_kernel(route_args a) {
+    STEP_KERNEL_BEGIN();
+    __shared__ route_scratch s;
+    const int64_t r = blockIdx.x;
+    route_row(a, r, a.idx + r * a.k, a.w + r * a.k, s, (int)threadIdx.x);
 }
 
 /* ---- the routed experts -------------------------------------------------------- */
@@ -339,6 +361,23 @@ struct dev_weight {
     int32_t group, layout;
 };
 
+/* Where an int4 row's words find their scales (groups of a whole number of words,
+ * row-major): 32-bit, a shift where the words a group are a power of two, as every
+ * group the engine writes; a 64-bit division, here once a word, is a long software
+ * routine on a GPU. */
+struct q4_scale_of {
+    uint32_t per_row, words, shift; /* groups a row, words a group, log2 of that (32: not a power of two) */
+    __device__ q4_scale_of(int64_t cols, int32_t group, int per_word)
+        : per_row((uint32_t)cols / (uint32_t)group), words((uint32_t)group / (uint32_t)per_word), shift(0) {
+        while (shift < 31 && (1u << shift) < words) shift++;
+        if ((1u << shift) != words) shift = 32;
+    }
+    __device__ int64_t at(int64_t row, int64_t wn) const {
+        const uint32_t w = (uint32_t)wn;
+        return row * per_row + (shift < 32 ? w >> shift : w / words);
+    }
+};
+
 /* A row of an expert's weight dotted with x, on a warp: whole 32-bit words a lane
  * (4 int8 or 8 int4 values, dequantised exactly as the matmul kernels do), in the
  * ABI's order or the mma layout's; value by value (stored_value) otherwise. */
@@ -349,6 +388,7 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
     if (words) {
         const int64_t per_row = w.cols / PW, base = row * per_row;
         const uint32_t *q = (const uint32_t *)w.q;
+        const q4_scale_of scales(w.cols, FORMAT == COLI_FMT_Q4 ? w.group : PW, PW);
         for (int64_t wn = lane; wn < per_row; wn += WARP) {
             float v[PW];
             dequant<FORMAT>(q[w.layout ? mma_word(base + wn) : base + wn], v);
@@ -356,7 +396,7 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
             float part = 0.0f;
 #pragma unroll
             for (int k = 0; k < PW; k++) part += v[k] * xs[k];
-            acc += FORMAT == COLI_FMT_Q4 ? part * w.scale[row * (w.cols / w.group) + wn * PW / w.group] : part;
+            acc += FORMAT == COLI_FMT_Q4 ? part * w.scale[scales.at(row, wn)] : part;
         }
     } else {
         for (int64_t c = lane; c < w.cols; c += WARP) {
@@ -368,41 +408,51 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
 }
 
-/* A row of up to ROW_HELD words a lane in registers: weight_row_dot's words path with
- * every word (and int4 scale) of the lane loaded before any is used, so a decode's
- * expert rows wait for memory once, not once per few words. */
-#define ROW_HELD 16
+/* Warps a row of moe_up_kernel: each dots its piece of the row's words, so a
+ * decode's few rows spread over that many times the warps and each waits on that
+ * fraction of the loads (one warp a row left a decode's grid on half the SMs, each
+ * warp's loads and sums in series: ncu, latency-bound). */
+#define MOE_UP_SPLIT 4
+
+/* A piece of a row of up to ROW_HELD words a lane in registers: weight_row_dot's words
+ * path over words [first, end) with every word (and int4 scale) of the lane loaded
+ * before any is used, so a decode's expert rows wait for memory once, not once per
+ * few words. */
+#define ROW_HELD 8
+template <int FORMAT> __device__ inline int64_t piece_words(const dev_weight &w) {
+    return (w.cols / fmt<FORMAT>::per_word + MOE_UP_SPLIT - 1) / MOE_UP_SPLIT;
+}
 template <int FORMAT> __device__ inline bool row_held(const dev_weight &w) {
     constexpr int PW = fmt<FORMAT>::per_word;
     return w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0) &&
-           w.cols / PW <= ROW_HELD * WARP;
+           piece_words<FORMAT>(w) <= ROW_HELD * WARP;
 }
 
 template <int FORMAT>
-__device__ inline void row_words(const dev_weight &w, int64_t row, int lane, uint32_t (&q)[ROW_HELD],
-                                 float (&sc)[ROW_HELD]) {
+__device__ inline void row_words(const dev_weight &w, int64_t row, int64_t first, int64_t end, int lane,
+                                 uint32_t (&q)[ROW_HELD], float (&sc)[ROW_HELD]) {
     constexpr int PW = fmt<FORMAT>::per_word;
-    const int64_t per_row = w.cols / PW, base = row * per_row;
+    const int64_t base = row * (w.cols / PW);
     const uint32_t *words = (const uint32_t *)w.q;
+    const q4_scale_of scales(w.cols, FORMAT == COLI_FMT_Q4 ? w.group : PW, PW);
 #pragma unroll
     for (int j = 0; j < ROW_HELD; j++) {
-        const int64_t wn = lane + (int64_t)j * WARP;
-        q[j] = wn < per_row ? words[w.layout ? mma_word(base + wn) : base + wn] : 0u;
-        sc[j] = FORMAT == COLI_FMT_Q4 && wn < per_row ? w.scale[row * (w.cols / w.group) + wn * PW / w.group] : 0.0f;
+        const int64_t wn = first + lane + (int64_t)j * WARP;
+        q[j] = wn < end ? words[w.layout ? mma_word(base + wn) : base + wn] : 0u;
+        sc[j] = FORMAT == COLI_FMT_Q4 && wn < end ? w.scale[scales.at(row, wn)] : 0.0f;
     }
 }
 
-/* weight_row_dot's value from the held words: the same products in the same order. */
+/* The piece's dot from the held words, weight_row_dot's products (int8: scaled). */
 template <int FORMAT>
-__device__ inline float row_dot_held(const dev_weight &w, int64_t row, const float *x, int lane,
-                                     const uint32_t (&q)[ROW_HELD], const float (&sc)[ROW_HELD]) {
+__device__ inline float row_dot_held(const dev_weight &w, int64_t row, int64_t first, int64_t end, const float *x,
+                                     int lane, const uint32_t (&q)[ROW_HELD], const float (&sc)[ROW_HELD]) {
     constexpr int PW = fmt<FORMAT>::per_word;
-    const int64_t per_row = w.cols / PW;
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < ROW_HELD; j++) {
-        const int64_t wn = lane + (int64_t)j * WARP;
-        if (wn >= per_row) break;
+        const int64_t wn = first + lane + (int64_t)j * WARP;
+        if (wn >= end) break;
         float v[PW];
         dequant<FORMAT>(q[j], v);
         const float *xs = x + wn * PW;
@@ -415,28 +465,58 @@ __device__ inline float row_dot_held(const dev_weight &w, int64_t row, const flo
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
 }
 
-/* gu[pair][i] = silu(gate_e x . ) * (up_e x), pair = (row, j) with e = idx[pair]; a warp an output. */
-template <int FORMAT>
+/* gu[pair][i] = silu(gate_e x . ) * (up_e x), pair = (row, j) with e = idx[pair];
+ * MOE_UP_SPLIT warps an output, their pieces added in piece order. ROUTED: the route
+ * op before it is this kernel's too (a decode's few rows): each block's first warp
+ * routes the block's row itself, so the experts wait for no kernel between the
+ * router's logits and their loads, and the first block of each row writes the
+ * row's picks and weights for moe_down_kernel. */
+template <int FORMAT, bool ROUTED>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
-                              int64_t inter, int64_t hid, int64_t experts) {
+                              int64_t inter, int64_t hid, int64_t experts, route_args route) {
     STEP_KERNEL_BEGIN();
-    const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
-    const int lane = threadIdx.x % WARP;
-    const int32_t e = idx[pair];
-    if (i >= inter || e < 0 || e >= experts) return;
-    const float *xr = x + pair / k * hid;
-    const dev_weight wg = ws[3 * e], wu = ws[3 * e + 1]; /* both read before either dot: one wait, not two */
-    float g, u;
-    if (row_held<FORMAT>(wg) && row_held<FORMAT>(wu)) {
-        uint32_t qg[ROW_HELD], qu[ROW_HELD];
-        float sg[ROW_HELD], su[ROW_HELD];
-        row_words<FORMAT>(wg, i, lane, qg, sg);
-        row_words<FORMAT>(wu, i, lane, qu, su);
-        g = row_dot_held<FORMAT>(wg, i, xr, lane, qg, sg), u = row_dot_held<FORMAT>(wu, i, xr, lane, qu, su);
+    __shared__ float parts[2][STEP_THREADS / WARP];
+    const int warp = threadIdx.x / WARP, piece = warp % MOE_UP_SPLIT, lane = threadIdx.x % WARP;
+    const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP / MOE_UP_SPLIT) + warp / MOE_UP_SPLIT;
+    int32_t e;
+    if constexpr (ROUTED) {
+        __shared__ route_scratch s;
+        __shared__ int32_t picks[16];
+        __shared__ float weights[16];
+        const int64_t row = pair / k;
+        if (threadIdx.x < WARP) route_row(route, row, picks, weights, s, lane);
+        __syncthreads();
+        if (blockIdx.x == 0 && pair % k == 0 && threadIdx.x < k)
+            route.idx[row * k + threadIdx.x] = picks[threadIdx.x], route.w[row * k + threadIdx.x] = weights[threadIdx.x];
+        e = picks[pair % k];
     } else {
-        g = weight_row_dot<FORMAT>(wg, i, xr, lane), u = weight_row_dot<FORMAT>(wu, i, xr, lane);
+        (void)route;
+        e = idx[pair];
     }
-    if (lane == 0) gu[pair * inter + i] = dev_silu(g) * u;
+    const bool on = i < inter && e >= 0 && e < experts;
+    float g = 0.0f, u = 0.0f;
+    if (on) {
+        const float *xr = x + pair / k * hid;
+        const dev_weight wg = ws[3 * e], wu = ws[3 * e + 1]; /* both read before either dot: one wait, not two */
+        if (row_held<FORMAT>(wg) && row_held<FORMAT>(wu) && wg.cols == wu.cols) {
+            const int64_t span = piece_words<FORMAT>(wg), first = piece * span, per_row = wg.cols / fmt<FORMAT>::per_word;
+            const int64_t end = first + span < per_row ? first + span : per_row;
+            uint32_t qg[ROW_HELD], qu[ROW_HELD];
+            float sg[ROW_HELD], su[ROW_HELD];
+            row_words<FORMAT>(wg, i, first, end, lane, qg, sg);
+            row_words<FORMAT>(wu, i, first, end, lane, qu, su);
+            g = row_dot_held<FORMAT>(wg, i, first, end, xr, lane, qg, sg);
+            u = row_dot_held<FORMAT>(wu, i, first, end, xr, lane, qu, su);
+        } else if (piece == 0) { /* rows too long to hold: the first warp takes the whole row */
+            g = weight_row_dot<FORMAT>(wg, i, xr, lane), u = weight_row_dot<FORMAT>(wu, i, xr, lane);
+        }
+    }
+    if (lane == 0) parts[0][warp] = g, parts[1][warp] = u;
+    __syncthreads();
+    if (!on || piece != 0 || lane != 0) return;
+    float gs = 0.0f, us = 0.0f;
+    for (int q = 0; q < MOE_UP_SPLIT; q++) gs += parts[0][warp + q], us += parts[1][warp + q];
+    gu[pair * inter + i] = dev_silu(gs) * us;
 }
 
 /* order[0..k): a row's picks 0..k-1 in ascending expert order (ties in pick order). */
@@ -604,6 +684,7 @@ __global__ void moe_down_rows_kernel(const dev_weight *ws, const float *gu, cons
     const dev_weight &w = ws[3 * e + 2];
     const int64_t per_row = cols / PW;
     const uint32_t *q = (const uint32_t *)w.q + r * per_row;
+    const q4_scale_of scales(cols, FORMAT == COLI_FMT_Q4 ? w.group : PW, PW);
     float acc[MOE_TILE];
 #pragma unroll
     for (int p = 0; p < MOE_TILE; p++) acc[p] = 0.0f;
@@ -611,7 +692,7 @@ __global__ void moe_down_rows_kernel(const dev_weight *ws, const float *gu, cons
         float v[PW];
         /* the mma layout keeps a row's words within its 16-word chunks: the map is per row */
         dequant<FORMAT>(q[w.layout ? mma_word(wn) : wn], v);
-        const float scale = FORMAT == COLI_FMT_Q4 ? w.scale[r * (cols / w.group) + wn * PW / w.group] : 1.0f;
+        const float scale = FORMAT == COLI_FMT_Q4 ? w.scale[scales.at(r, wn)] : 1.0f;
         const float *xs = stage + wn * PW;
 #pragma unroll
         for (int p = 0; p < MOE_TILE; p++) {
@@ -835,13 +916,17 @@ __global__ void __launch_bounds__(STEP_THREADS, INDEX_MIN_BLOCKS)
 
 /* ---- attention ------------------------------------------------------------------- */
 
-/* Keys a block of attend_part_kernel takes: a query whose keys fit ATTEND_CHUNK
- * takes them in one block, which writes its output itself; a longer one splits
- * them over blocks of ATTEND_CHUNK where there are ATTEND_MANY (query, head) pairs
- * or more (a prefill: they fill the GPU), else of ATTEND_SPLIT, so a decoded
- * token's few pairs still fill it and each block walks few keys. */
+/* Keys a block of attend_part_kernel takes (attend_span): where there are
+ * ATTEND_MANY (query, head) pairs or more (a prefill: they fill the GPU),
+ * ATTEND_CHUNK; fewer, as a decoded token's, ATTEND_SHORT while the query's keys fit
+ * one ATTEND_CHUNK and ATTEND_SPLIT past that, so those few pairs still spread over
+ * many blocks and each walks few keys (one block a pair walking all of a short
+ * query's keys took most of a decoded token's attention time); doubled where the
+ * grid's rows would not hold the spans. A query whose keys fit one span takes them in
+ * one block, which writes its output itself. */
 #define ATTEND_CHUNK 256
 #define ATTEND_SPLIT 64
+#define ATTEND_SHORT 32
 #define ATTEND_MANY 128
 
 /* The blocks a query of `keys` keys may split into (the grid's y; a part each). */
@@ -850,6 +935,16 @@ static inline int64_t attend_chunks(int64_t keys) { return (keys + ATTEND_SPLIT 
 /* Keys scored at once by a warp of attend_part_kernel: lanes in groups of
  * 32 / ATTEND_KEYS, a key a group, so a warp has that many keys' loads in flight. */
 #define ATTEND_KEYS 4
+
+/* Values of v a thread of attend_part_kernel may hold from the start (v_held). */
+#define ATTEND_V_HELD 8
+
+__device__ inline int64_t attend_span(int64_t last) {
+    if (gridDim.x >= ATTEND_MANY) return ATTEND_CHUNK;
+    int64_t span = last < ATTEND_CHUNK ? ATTEND_SHORT : ATTEND_SPLIT;
+    while (span < ATTEND_CHUNK && last / span + 1 > (int64_t)gridDim.y) span *= 2;
+    return span;
+}
 
 /* A block's sum of a[] over its threads in groups of `width` (width <= blockDim.x):
  * thread g * width + d gives its part of column d; the threads below width get the
@@ -866,24 +961,36 @@ __device__ inline float columns_sum(float a, float *acc, int64_t width) {
 
 /* One block per (row, head, span of keys): the span's selected scores, their max
  * m, sum of exp(score - m) and the exp-weighted v, into part[(pair, chunk)] as
- * [m, sum, v...] (span: ATTEND_CHUNK's comment); a span with no selected key has sum 0. The spans past the query
+ * [m, sum, v...] (span: attend_span); a span with no selected key has sum 0. The spans past the query
  * leave at once; the last of the others to finish (counts[pair]) combines them:
  * out = sum over spans of w_c v_c / sum over spans of w_c sum_c, w_c = exp(m_c - M)
  * (0 for a span with no selected key), M the largest m of those with one. Where the
- * query's keys fit one ATTEND_CHUNK its block writes out itself. */
+ * query's keys fit one span its block writes out itself. */
 __global__ void attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
                                    int32_t *counts, float *attn, const int64_t *pos, int64_t heads, int64_t qk,
                                    int64_t vdim, int64_t stride, float scaling) {
     STEP_KERNEL_BEGIN();
     __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
     const int64_t pair = blockIdx.x, row = pair / heads, h = pair % heads, last = *pos + row;
-    const int64_t span = last < ATTEND_CHUNK || gridDim.x >= ATTEND_MANY ? ATTEND_CHUNK : ATTEND_SPLIT;
+    const int64_t span = attend_span(last);
     const int64_t t0 = (int64_t)blockIdx.y * span, t1 = t0 + span - 1 < last ? t0 + span - 1 : last;
     if (t0 > last) return; /* a whole block leaves together: no barrier is skipped by some */
     float *pp = part + pair * gridDim.y * (vdim + 2), *out = pp + blockIdx.y * (vdim + 2);
     const float *qr = q + pair * qk;
     const uint8_t *sr = sel + row * stride;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    /* the weighted v below: groups of vdim threads take every groups-th key; where the
+     * span's v fits ATTEND_V_HELD values a thread, they are loaded now, beside the keys,
+     * so the sum waits for no load after the softmax */
+    const int64_t groups = vdim <= (int64_t)blockDim.x ? blockDim.x / vdim : 0, g = groups ? threadIdx.x / vdim : 0;
+    const int64_t d = groups ? threadIdx.x % vdim : 0;
+    const bool v_held = groups && t1 - t0 < groups * ATTEND_V_HELD;
+    float vh[ATTEND_V_HELD];
+#pragma unroll
+    for (int j = 0; j < ATTEND_V_HELD; j++) {
+        const int64_t t = t0 + g + j * groups;
+        vh[j] = v_held && g < groups && t <= t1 ? v[(t * heads + h) * vdim + d] : 0.0f;
+    }
     constexpr int G = WARP / ATTEND_KEYS; /* lanes a key */
     const int sub = lane % G;
     for (int64_t base = t0 + warp * ATTEND_KEYS; base <= t1; base += nw * ATTEND_KEYS) {
@@ -914,23 +1021,27 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
     const int64_t chunks = last / span + 1 < (int64_t)gridDim.y ? last / span + 1 : gridDim.y;
     float *const one = chunks == 1 ? attn + pair * vdim : NULL;
     /* the weighted v: groups of vdim threads take every groups-th key, then add up */
-    if (vdim <= (int64_t)blockDim.x) {
-        const int64_t groups = blockDim.x / vdim, g = threadIdx.x / vdim, d = threadIdx.x % vdim;
+    if (groups) {
         float a = 0.0f;
-        if (g < groups)
+        if (v_held) {
+#pragma unroll
+            for (int j = 0; j < ATTEND_V_HELD; j++)
+                if (g < groups && t0 + g + j * groups <= t1) a += p[g + j * groups] * vh[j];
+        } else if (g < groups) {
 #pragma unroll 4
             for (int64_t t = t0 + g; t <= t1; t += groups) a += p[t - t0] * v[(t * heads + h) * vdim + d];
+        }
         const float total = columns_sum(a, acc, vdim);
         if (threadIdx.x < vdim) {
             if (one) one[threadIdx.x] = total / sum;
             else out[2 + threadIdx.x] = total;
         }
     } else {
-        for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
+        for (int64_t col = threadIdx.x; col < vdim; col += blockDim.x) {
             float a = 0.0f;
-            for (int64_t t = t0; t <= t1; t++) a += p[t - t0] * v[(t * heads + h) * vdim + d];
-            if (one) one[d] = a / sum;
-            else out[2 + d] = a;
+            for (int64_t t = t0; t <= t1; t++) a += p[t - t0] * v[(t * heads + h) * vdim + col];
+            if (one) one[col] = a / sum;
+            else out[2 + col] = a;
         }
     }
     if (one) return;
@@ -949,8 +1060,7 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         total += w * s;
     }
     total = block_sum(total, red); /* its barriers also order the weights' writes before the reads below */
-    if (vdim <= (int64_t)blockDim.x) {
-        const int64_t groups = blockDim.x / vdim, g = threadIdx.x / vdim, d = threadIdx.x % vdim;
+    if (groups) {
         float a = 0.0f;
         if (g < groups)
             for (int64_t c = g; c < chunks; c += groups) {
@@ -960,10 +1070,10 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         const float sum_v = columns_sum(a, acc, vdim);
         if (threadIdx.x < vdim) attn[pair * vdim + threadIdx.x] = sum_v / total;
     } else {
-        for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
+        for (int64_t col = threadIdx.x; col < vdim; col += blockDim.x) {
             float a = 0.0f;
-            for (int64_t c = 0; c < chunks; c++) a += COLI_LOAD_GRID(pp + c * (vdim + 2)) * COLI_LOAD_GRID(pp + c * (vdim + 2) + 2 + d);
-            attn[pair * vdim + d] = a / total;
+            for (int64_t c = 0; c < chunks; c++) a += COLI_LOAD_GRID(pp + c * (vdim + 2)) * COLI_LOAD_GRID(pp + c * (vdim + 2) + 2 + col);
+            attn[pair * vdim + col] = a / total;
         }
     }
 }
