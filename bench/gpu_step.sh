@@ -70,7 +70,7 @@ done
 COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
 COLI_GPU_CHAIN=0 run step-no-chain int8 12 128 --backend "$LIB"
 COLI_GPU_FUSE=0 run step-no-fuse int8 12 128 --backend "$LIB"
-for n in 1 2 8; do COLI_GPU_STREAMS=$n run "step-streams-$n" int8 12 128 --backend "$LIB"; done
+for n in 1 2 4; do COLI_GPU_STREAMS=$n run "step-streams-$n" int8 12 128 --backend "$LIB"; done
 run matmuls int4 12 128 --backend "$LIB" --offload matmuls
 for q in int8 int4; do run prefill-256 "$q" 256 2 --backend "$LIB"; done
 run long-4000 int4 4000 128 --backend "$LIB"

@@ -131,14 +131,15 @@ static int32_t op_spans(const coli_rec *r, const gpu_rec *g, int32_t k, coli_spa
     return n;
 }
 
-/* COLI_GPU_STREAMS: how many streams a step's units may spread over (1..8, 4 unless
- * set; 1 is one chain of launches). */
+/* COLI_GPU_STREAMS: how many streams a step's units may spread over (1..8, 8 unless
+ * set, the most, which decoded fastest on the H200: bench/RESULTS.md; 1 is one
+ * chain of launches). */
 static coli_status step_queues(int32_t *out) {
     static int32_t n = 0;
     if (!n) {
         const char *v = getenv("COLI_GPU_STREAMS");
         char *end = NULL;
-        const long q = v && *v ? strtol(v, &end, 10) : 4;
+        const long q = v && *v ? strtol(v, &end, 10) : COLI_MAX_QUEUES;
         if ((v && *v && *end) || q < 1 || q > COLI_MAX_QUEUES)
             return coli_fail(COLI_E_INVALID, "COLI_GPU_STREAMS is '%s': it must be a whole number from 1 to %d", v,
                              COLI_MAX_QUEUES);
