@@ -107,8 +107,9 @@ static bool route_then_moe(const coli_rec *r, int32_t k) {
 
 /* The unit that starts at op k (COLI_GPU_FUSE=0: every op its own). */
 static gpu_unit unit_at(const coli_rec *r, int32_t k) {
-    if (fuse_ops() && route_then_moe(r, k)) return gpu_unit{k, 2, UNIT_ROUTE_MOE};
-    const int32_t len = fuse_ops() ? add_rmsnorm_length(r, k) : 1;
+    if (!fuse_ops()) return gpu_unit{k, 1, UNIT_OP};
+    if (route_then_moe(r, k)) return gpu_unit{k, 2, UNIT_ROUTE_MOE};
+    const int32_t len = add_rmsnorm_length(r, k);
     return gpu_unit{k, len, len > 1 ? UNIT_ADD_RMSNORM : UNIT_OP};
 }
 

@@ -364,11 +364,12 @@ struct dev_weight {
 /* Where an int4 row's words find their scales (groups of a whole number of words,
  * row-major): 32-bit, a shift where the words a group are a power of two, as every
  * group the engine writes; a 64-bit division, here once a word, is a long software
- * routine on a GPU. */
-struct q4_scale_of {
+ * routine on a GPU. Only int4 reads it; other formats get a harmless group of a word. */
+template <int FORMAT> struct q4_scale_of {
     uint32_t per_row, words, shift; /* groups a row, words a group, log2 of that (32: not a power of two) */
-    __device__ q4_scale_of(int64_t cols, int32_t group, int per_word)
-        : per_row((uint32_t)cols / (uint32_t)group), words((uint32_t)group / (uint32_t)per_word), shift(0) {
+    __device__ q4_scale_of(int64_t cols, int32_t group)
+        : per_row((uint32_t)cols / (uint32_t)(FORMAT == COLI_FMT_Q4 ? group : fmt<FORMAT>::per_word)),
+          words(FORMAT == COLI_FMT_Q4 ? (uint32_t)group / (uint32_t)fmt<FORMAT>::per_word : 1u), shift(0) {
         while (shift < 31 && (1u << shift) < words) shift++;
         if ((1u << shift) != words) shift = 32;
     }
@@ -388,7 +389,7 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
     if (words) {
         const int64_t per_row = w.cols / PW, base = row * per_row;
         const uint32_t *q = (const uint32_t *)w.q;
-        const q4_scale_of scales(w.cols, FORMAT == COLI_FMT_Q4 ? w.group : PW, PW);
+        const q4_scale_of<FORMAT> scales(w.cols, w.group);
         for (int64_t wn = lane; wn < per_row; wn += WARP) {
             float v[PW];
             dequant<FORMAT>(q[w.layout ? mma_word(base + wn) : base + wn], v);
@@ -434,7 +435,7 @@ __device__ inline void row_words(const dev_weight &w, int64_t row, int64_t first
     constexpr int PW = fmt<FORMAT>::per_word;
     const int64_t base = row * (w.cols / PW);
     const uint32_t *words = (const uint32_t *)w.q;
-    const q4_scale_of scales(w.cols, FORMAT == COLI_FMT_Q4 ? w.group : PW, PW);
+    const q4_scale_of<FORMAT> scales(w.cols, w.group);
 #pragma unroll
     for (int j = 0; j < ROW_HELD; j++) {
         const int64_t wn = first + lane + (int64_t)j * WARP;
@@ -684,7 +685,7 @@ __global__ void moe_down_rows_kernel(const dev_weight *ws, const float *gu, cons
     const dev_weight &w = ws[3 * e + 2];
     const int64_t per_row = cols / PW;
     const uint32_t *q = (const uint32_t *)w.q + r * per_row;
-    const q4_scale_of scales(cols, FORMAT == COLI_FMT_Q4 ? w.group : PW, PW);
+    const q4_scale_of<FORMAT> scales(cols, w.group);
     float acc[MOE_TILE];
 #pragma unroll
     for (int p = 0; p < MOE_TILE; p++) acc[p] = 0.0f;
