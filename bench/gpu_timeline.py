@@ -9,7 +9,9 @@ in end order, and each piece is charged to the kernel that ended there: what the
 device was finishing at that moment, so the pieces add up to the token's time and
 parallel streams are not counted twice. Printed: per kernel name, kernels a token,
 their mean duration, and the median of each replay's charged time; also the time in
-each span with no kernel running.
+each span with no kernel running. With --dump FILE, the replay of median span is
+written there kernel by kernel in start order (start and end from the span's
+start, duration, stream, name), to read a token's critical path off it.
 """
 
 from __future__ import annotations
@@ -76,10 +78,21 @@ def charged(token: list[Kernel]) -> tuple[dict[str, float], float, float]:
     return pieces, float(last - first), idle
 
 
+def dump(token: list[Kernel], out: Path) -> None:
+    """One replay's kernels in start order, times in us from its first start."""
+    first = min(k[0] for k in token)
+    streams = {st: i for i, st in enumerate(sorted({k[2] for k in token}))}
+    lines = [f"{'start':>8} {'end':>8} {'us':>6} {'stream':>6}  kernel"]
+    for s, e, st, _, name in sorted(token):
+        lines.append(f"{(s - first) / 1e3:8.2f} {(e - first) / 1e3:8.2f} {(e - s) / 1e3:6.2f} {streams[st]:6d}  {name}")
+    out.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--skip", type=int, default=4, help="replays to leave out at the start")
+    ap.add_argument("--dump", type=Path, help="write the median replay's kernels here")
     args = ap.parse_args()
     steps = [t for t in tokens(read(args.trace)) if t and all(k[3] for k in t)]
     if not steps:
@@ -100,6 +113,8 @@ def main() -> None:
         for k in t:
             durations[k[4]].append(k[1] - k[0])
     span = statistics.median(spans)
+    if args.dump:
+        dump(replays[sorted(range(len(spans)), key=spans.__getitem__)[len(spans) // 2]], args.dump)
     print(
         f"{len(replays)} replays of {size} kernels on {len({k[2] for k in replays[0]})} streams: "
         f"median span {span / 1e3:.1f} us, idle {statistics.median(idles) / 1e3:.1f} us"

@@ -19,7 +19,7 @@ trace() { # label quant prompt-ids
   COLI_TRACE_OUT="$work/$1.trace" LD_PRELOAD="$work/gpu_trace.so" \
     "$HOST" --model "$work/large" --ids "$3" --generate 128 --quant "$2" --backend "$LIB" --json > "$work/$1.json"
   python3 -c "import json; d = json.load(open('$work/$1.json')); print('$1', d['decode_tokens_per_second'])"
-  python3 bench/gpu_timeline.py "$work/$1.trace" | tee "$out/timeline-$1.txt"
+  python3 bench/gpu_timeline.py "$work/$1.trace" --dump "$out/replay-$1.txt" | tee "$out/timeline-$1.txt"
 }
 for q in ${QUANTS:-int8 int4}; do trace "$q" "$q" "$ids"; done
 long=$(python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range(4000)))")
