@@ -251,12 +251,18 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
         add(&r, coli_op_add(A(x), A(o), n * H));
         add(&r, coli_op_rmsnorm(A(x), d->post_norm, A(h), n, H, H, H, eps));
         if (c->mlp_sparse[l]) {
+            /* The router first and the route and experts last (model_forward runs the shared
+             * expert, then those; each reads h alone and they write apart, so the sums are the
+             * same): router, experts and the add after them are the layer's longest chain, and
+             * a backend that spreads a step over streams chains an op to the one recorded
+             * last before it that it depends on, so the chain starts at the norm and ends at
+             * the add with no join between streams, the shared expert beside it. */
             const int64_t S = c->moe_intermediate * c->shared_experts, K = c->experts_per_tok;
+            add(&r, coli_op_matmul(A(h), A(rlog), none(), n, &d->router));
             mm(&r, &ly->sh_gate, none(), A(h), A(g), n);
             mm(&r, &ly->sh_up, none(), A(h), A(u), n);
             add(&r, coli_op_silu_mul(A(g), A(u), n * S));
             mm(&r, &ly->sh_down, none(), A(g), A(sh), n);
-            add(&r, coli_op_matmul(A(h), A(rlog), none(), n, &d->router));
             add(&r, coli_op_route(A(rlog), d->router_bias, A(ridx), A(rw), n, c->experts, c->n_group, c->topk_group,
                                   K, c->norm_topk_prob, (float)c->routed_scaling));
             add(&r, coli_op_moe(A(h), A(ridx), A(rw), A(o), n, K, d->experts, (int32_t)(3 * c->experts)));

@@ -23,7 +23,7 @@ __device__ inline void gemv_load(const float4 *const (&w)[R], const float4 *x, i
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int k = 0; k < R; k++) wv[k] = i < pieces ? COLI_LOAD_STREAM(w[k] + i) : zero;
-    if constexpr (XPRE) xr = i < pieces ? __ldg(x + i) : zero;
+    if constexpr (XPRE) xr = i < pieces ? COLI_LOAD_FRESH(x + i) : zero;
 }
 
 /* One run's pieces into the sums: a piece's four products as two pairs, then one add. */
@@ -34,7 +34,7 @@ __device__ inline void gemv_run(const float4 (&wv)[R], const float4 &xr, const f
 #pragma unroll
     for (int t = 0; t < T; t++) {
         if (t >= nt) break;
-        const float4 x = XM == X_RING ? xr : __ldg(xt[t] + i);
+        const float4 x = XM == X_RING ? xr : COLI_LOAD_FRESH(xt[t] + i);
 #pragma unroll
         for (int k = 0; k < R; k++)
             acc[k][t] += (wv[k].x * x.x + wv[k].y * x.y) + (wv[k].z * x.z + wv[k].w * x.w);
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x % WARP;
     const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP) * R;
     const int64_t t0 = (int64_t)blockIdx.y * T;
-    if (r0 >= rows) return; /* no barrier follows: a whole warp leaves together */
+    if (r0 >= rows) return; /* no barrier follows: a whole warp leaves together, and writes nothing */
     const int nt = (int)(s - t0 < T ? s - t0 : T);
     const int pieces = (int)(cols / 4);
     const float4 *w[R], *xt[T];
@@ -63,8 +63,19 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[k][t] = 0.0f;
     float4 ring[D][R], ring_x[D];
+    /* launched early (launch_gemv): the ring's first W, which no kernel writes, is loaded
+     * while the grid before runs; x, after it has ended */
+    coli_allow_next_grid();
 #pragma unroll
-    for (int d = 0; d < D; d++) gemv_load<R, XM == X_RING>(w, xt[0], pieces, d * WARP + lane, ring[d], ring_x[d]);
+    for (int d = 0; d < D; d++) gemv_load<R, false>(w, xt[0], pieces, d * WARP + lane, ring[d], ring_x[d]);
+    coli_wait_prior_grid();
+    if constexpr (XM == X_RING) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int i = d * WARP + lane;
+            ring_x[d] = i < pieces ? COLI_LOAD_FRESH(xt[0] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
     for (int run = 0; run < pieces; run += D * WARP) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
@@ -86,7 +97,8 @@ template <int R, int D, int T, int XM = T == 1 ? X_RING : X_AT_USE>
 static void launch_gemv(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {
     const int64_t per_block = (int64_t)(GEMV_THREADS / WARP) * R;
     const dim3 grid((unsigned)((w->rows + per_block - 1) / per_block), (unsigned)((s + T - 1) / T));
-    gemv_kernel<R, D, T, XM><<<grid, GEMV_THREADS, 0, stream>>>((const float *)w->q, w->rows, w->cols, dx, s, dy);
+    launch_early(chain_calls(), gemv_kernel<R, D, T, XM>, grid, dim3(GEMV_THREADS), 0, stream, (const float *)w->q,
+                 w->rows, w->cols, dx, s, dy);
 }
 
 /* Tokens per pass: the fewest of 1, 2, 4, 8 that cover s. */
