@@ -532,31 +532,25 @@ __device__ inline void expert_order(const int32_t *ri, int k, int *order) {
 }
 
 /* A row's output: sum over its picks in ascending expert order of w * value(pair, e),
- * a pick outside the experts adding 0; the one order both expert paths add in. */
+ * a pick outside the experts adding 0; the one order both expert paths add in. ri and
+ * rw: the row's k picks and weights, first_pair its first pair (row * k). */
 template <typename Value>
-__device__ inline float expert_sum(const int32_t *idx, const float *w, int64_t r, int64_t k, int64_t experts, Value value) {
-    const int32_t *ri = idx + r * k;
+__device__ inline float expert_sum_of(const int32_t *ri, const float *rw, int64_t first_pair, int64_t k,
+                                      int64_t experts, Value value) {
     int order[16];
     expert_order(ri, (int)k, order);
     float acc = 0.0f;
     for (int j = 0; j < (int)k; j++) {
-        const int64_t pair = r * k + order[j];
         const int32_t e = ri[order[j]];
-        acc += (e >= 0 && e < experts ? value(pair, e) : 0.0f) * w[pair];
+        acc += (e >= 0 && e < experts ? value(first_pair + order[j], e) : 0.0f) * rw[order[j]];
     }
     return acc;
 }
 
-/* (down_e gu[pair])[d], on a warp. */
-template <int FORMAT> struct down_row {
-    const dev_weight *ws;
-    const float *gu;
-    int64_t inter, d;
-    int lane;
-    __device__ float operator()(int64_t pair, int32_t e) const {
-        return weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
-    }
-};
+template <typename Value>
+__device__ inline float expert_sum(const int32_t *idx, const float *w, int64_t r, int64_t k, int64_t experts, Value value) {
+    return expert_sum_of(idx + r * k, w + r * k, r * k, k, experts, value);
+}
 
 /* The down projections of a decode's picks, value by value: vals[pick] of an output. */
 struct held_value {
@@ -565,32 +559,117 @@ struct held_value {
     __device__ float operator()(int64_t pair, int32_t) const { return vals[pair - first_pair]; }
 };
 
-/* Outputs a block of moe_down_kernel takes: its warps share them out a (output, pick)
- * each, so a row's k dots run side by side, not one after another on a warp. */
+/* (output, pick) dots a warp of moe_down_kernel takes at once, and the words of a down
+ * row a lane holds for each: a decode's down rows are its experts' intermediate width,
+ * a word or two a lane, so a warp with one dot waited on memory for a word; with
+ * DOWN_ITEMS every load of them is in flight together. */
+#define DOWN_ITEMS 4
+#define DOWN_HELD 1
+/* Experts whose down weights' descriptions a block copies to shared memory while the
+ * kernels before it still run (the step never changes them). */
+#define DOWN_TABLE 128
+
+/* Outputs a block of moe_down_kernel takes: its warps share them out DOWN_ITEMS
+ * (output, pick) dots each, so a row's k dots run side by side. */
 __host__ __device__ inline int64_t moe_down_outputs(int64_t k) {
-    return k > 0 && k < STEP_THREADS / WARP ? STEP_THREADS / WARP / k : 1;
+    const int64_t items = STEP_THREADS / WARP * DOWN_ITEMS;
+    return k > 0 && k < items ? items / k : 1;
 }
 
-/* out[row][d] = expert_sum of the down rows d: a warp a (d, pick) dot, then a thread
- * an output adds its picks in that order. */
+/* Whether a down row's words fit DOWN_HELD a lane on moe_down_kernel's held path:
+ * weight_row_dot's words path. */
+template <int FORMAT> __device__ inline bool down_held(const dev_weight &w) {
+    constexpr int PW = fmt<FORMAT>::per_word;
+    return w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0) &&
+           w.cols / PW <= DOWN_HELD * WARP;
+}
+
+/* out[row][d] = expert_sum of the down rows d: a warp DOWN_ITEMS (d, pick) dots, each
+ * weight_row_dot's sums (the words of one held path, loaded before any is used), then
+ * a thread an output adds its picks in that order. Two blocks an SM (the registers
+ * bounded so; HIP reads the number as waves an EU: 1): a decode's grid is about two
+ * blocks an SM. */
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
+#define DOWN_MIN_BLOCKS 1
+#else
+#define DOWN_MIN_BLOCKS 2
+#endif
 template <int FORMAT>
-__global__ void moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, const float *w, float *out,
+__global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, const float *w, float *out,
                                 int64_t k, int64_t inter, int64_t hid, int64_t experts) {
-    STEP_KERNEL_BEGIN();
-    __shared__ float vals[16 * (STEP_THREADS / WARP)];
-    const int64_t r = blockIdx.y, per = moe_down_outputs(k), d0 = blockIdx.x * per;
+    constexpr int PW = fmt<FORMAT>::per_word;
+    __shared__ float vals[STEP_THREADS / WARP * DOWN_ITEMS];
+    __shared__ dev_weight table[DOWN_TABLE];
+    __shared__ int32_t picks[16];
+    __shared__ float weights[16];
+    coli_allow_next_grid();
+    const bool tabled = experts <= DOWN_TABLE;
+    if (tabled)
+        for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) table[e] = ws[3 * e + 2];
+    coli_wait_prior_grid();
+    const int64_t r = blockIdx.y, per = moe_down_outputs(k), d0 = blockIdx.x * per, items = per * k;
+    if (threadIdx.x < k) picks[threadIdx.x] = idx[r * k + threadIdx.x], weights[threadIdx.x] = w[r * k + threadIdx.x];
+    __syncthreads();
     const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    for (int64_t item = threadIdx.x / WARP; item < per * k; item += nw) {
-        const int64_t d = d0 + item / k, pair = r * k + item % k;
-        const int32_t e = idx[pair];
-        float v = 0.0f;
-        if (d < hid && e >= 0 && e < experts) v = weight_row_dot<FORMAT>(ws[3 * e + 2], d, gu + pair * inter, lane);
-        if (lane == 0) vals[item] = v;
+    for (int64_t first = threadIdx.x / WARP * DOWN_ITEMS; first < items; first += nw * DOWN_ITEMS) {
+        dev_weight wt[DOWN_ITEMS];
+        int64_t d[DOWN_ITEMS], pair[DOWN_ITEMS];
+        bool live[DOWN_ITEMS], held[DOWN_ITEMS];
+        uint32_t q[DOWN_ITEMS][DOWN_HELD];
+        float sc[DOWN_ITEMS][DOWN_HELD], xv[DOWN_ITEMS][DOWN_HELD][PW], rs[DOWN_ITEMS];
+#pragma unroll
+        for (int i = 0; i < DOWN_ITEMS; i++) {
+            const int64_t item = first + i;
+            d[i] = d0 + item / k, pair[i] = r * k + item % k;
+            const int32_t e = item < items ? picks[item % k] : -1;
+            live[i] = item < items && d[i] < hid && e >= 0 && e < experts;
+            if (live[i]) wt[i] = tabled ? table[e] : ws[3 * e + 2];
+            held[i] = live[i] && down_held<FORMAT>(wt[i]);
+            rs[i] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DOWN_HELD; j++) {
+                const int64_t per_row = held[i] ? wt[i].cols / PW : 0, wn = lane + (int64_t)j * WARP;
+                q[i][j] = 0u, sc[i][j] = 0.0f;
+#pragma unroll
+                for (int c = 0; c < PW; c++) xv[i][j][c] = 0.0f;
+                if (wn >= per_row) continue;
+                const int64_t at = d[i] * per_row + wn;
+                q[i][j] = ((const uint32_t *)wt[i].q)[wt[i].layout ? mma_word(at) : at];
+                if (FORMAT == COLI_FMT_Q4) sc[i][j] = wt[i].scale[q4_scale_of<FORMAT>(wt[i].cols, wt[i].group).at(d[i], wn)];
+                const float *xs = gu + pair[i] * inter + wn * PW;
+#pragma unroll
+                for (int c = 0; c < PW; c++) xv[i][j][c] = xs[c];
+            }
+            if (FORMAT == COLI_FMT_Q8 && held[i]) rs[i] = wt[i].scale[d[i]];
+        }
+#pragma unroll
+        for (int i = 0; i < DOWN_ITEMS; i++) {
+            float v = 0.0f;
+            if (held[i]) {
+                const int64_t per_row = wt[i].cols / PW;
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < DOWN_HELD; j++) {
+                    if (lane + (int64_t)j * WARP >= per_row) break;
+                    float wv[PW];
+                    dequant<FORMAT>(q[i][j], wv);
+                    float part = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < PW; c++) part += wv[c] * xv[i][j][c];
+                    acc += FORMAT == COLI_FMT_Q4 ? part * sc[i][j] : part;
+                }
+                acc = warp_sum(acc);
+                v = FORMAT == COLI_FMT_Q8 ? acc * rs[i] : acc;
+            } else if (live[i]) {
+                v = weight_row_dot<FORMAT>(wt[i], d[i], gu + pair[i] * inter, lane);
+            }
+            if (lane == 0 && first + i < items) vals[first + i] = v;
+        }
     }
     __syncthreads();
     const int64_t d = d0 + threadIdx.x;
     if (threadIdx.x < per && d < hid)
-        out[r * hid + d] = expert_sum(idx, w, r, k, experts, held_value{vals + threadIdx.x * k, r * k});
+        out[r * hid + d] = expert_sum_of(picks, weights, r * k, k, experts, held_value{vals + threadIdx.x * k, r * k});
 }
 
 /* Many rows (a prefill): the pairs grouped by expert, so that a block reads its
