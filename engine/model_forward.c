@@ -209,18 +209,57 @@ fail:
     return 1;
 }
 
+/* The routed experts' matmuls of a layer as one pool job a stage (gate and up of every
+ * expert a token picked, then every down): a segment is one expert's matrix against
+ * its tokens, and the job's rows are the segments' rows end to end, so the threads
+ * split them however they fall and a decode's few experts wait for the pool twice,
+ * not three times an expert. Each (row, token) is the same matmul row as alone. */
+typedef struct expert_seg {
+    const linear *l;  /* quantised, or NULL: f32 `w` */
+    const float *w;
+    int64_t rows, cols, s;
+    const float *x;
+    float *y;
+} expert_seg;
+
+typedef struct experts_job {
+    const expert_seg *segs;
+    int count;
+} experts_job;
+
+static void experts_rows(void *ctx, int64_t b, int64_t e) {
+    const experts_job *j = ctx;
+    int64_t first = 0; /* the job's row where segment i starts */
+    for (int i = 0; i < j->count && first < e; first += j->segs[i].rows, i++) {
+        const expert_seg *sg = &j->segs[i];
+        const int64_t lo = b > first ? b - first : 0, hi = e - first < sg->rows ? e - first : sg->rows;
+        if (lo >= hi) continue;
+        mm_job mj = {sg->l, sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y};
+        mm_rows(&mj, lo, hi);
+    }
+}
+
+static void experts_run(model *m, const expert_seg *segs, int count) {
+    experts_job j = {segs, count};
+    int64_t rows = 0, macs = 0;
+    for (int i = 0; i < count; i++) rows += segs[i].rows, macs += segs[i].rows * segs[i].cols * segs[i].s;
+    if (macs < PARALLEL_MIN_MACS) experts_rows(&j, 0, rows);
+    else pool_run(m->pool, experts_rows, &j, rows);
+}
+
 static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, float *u, float *out, float *shared,
                char *err, size_t errlen) {
     const model_config *c = &m->c;
-    const int64_t H = c->hidden, I = c->moe_intermediate, K = c->experts_per_tok, E = c->experts;
-    int32_t *idx = malloc((size_t)(n * K) * sizeof *idx);
-    int64_t *members = malloc((size_t)n * sizeof *members);
-    float *w = malloc((size_t)(n * K) * sizeof *w), *logits = malloc((size_t)(n * E) * sizeof *logits);
-    float *xin = malloc((size_t)(n * H) * sizeof *xin), *eg = malloc((size_t)(n * I) * sizeof *eg);
-    float *eu = malloc((size_t)(n * I) * sizeof *eu), *eo = malloc((size_t)(n * H) * sizeof *eo);
-    float *wt = malloc((size_t)n * sizeof *wt);
+    const int64_t H = c->hidden, I = c->moe_intermediate, K = c->experts_per_tok, E = c->experts, P = n * K;
+    int32_t *idx = malloc((size_t)P * sizeof *idx);
+    int64_t *members = malloc((size_t)P * sizeof *members), *first = malloc((size_t)(E + 1) * sizeof *first);
+    float *w = malloc((size_t)P * sizeof *w), *logits = malloc((size_t)(n * E) * sizeof *logits);
+    float *xin = malloc((size_t)(P * H) * sizeof *xin), *eg = malloc((size_t)(P * I) * sizeof *eg);
+    float *eu = malloc((size_t)(P * I) * sizeof *eu), *eo = malloc((size_t)(P * H) * sizeof *eo);
+    float *wt = malloc((size_t)P * sizeof *wt);
+    expert_seg *segs = malloc((size_t)(2 * E) * sizeof *segs);
     int rc = 1;
-    if (!idx || !members || !w || !logits || !xin || !eg || !eu || !eo || !wt) {
+    if (!idx || !members || !first || !w || !logits || !xin || !eg || !eu || !eo || !wt || !segs) {
         snprintf(err, errlen, "out of memory in the MoE layer");
         goto done;
     }
@@ -230,10 +269,10 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
     for (int64_t s = 0; s < n; s++)
         coli_route(logits + s * E, ly->router_bias, E, c->n_group, c->topk_group, K, c->norm_topk_prob,
                    (float)c->routed_scaling, idx + s * K, w + s * K);
-    memset(out, 0, (size_t)(n * H) * sizeof *out);
-    /* expert by expert, as transformers adds them, with every token routed to it batched */
+    /* each expert's tokens, expert after expert, tokens in order (as transformers adds them) */
+    int64_t cnt = 0;
     for (int64_t e = 0; e < E; e++) {
-        int64_t cnt = 0;
+        first[e] = cnt;
         for (int64_t s = 0; s < n; s++)
             for (int64_t k = 0; k < K; k++)
                 if (idx[s * K + k] == e) {
@@ -242,30 +281,36 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
                     memcpy(xin + cnt * H, h + s * H, (size_t)H * sizeof *xin);
                     cnt++;
                 }
-        if (!cnt) continue;
-        if (ly->experts) { /* quantised like the dense weights, never resident: the CPU's kernels */
-            const linear *ex = &ly->experts[3 * e];
-            mm_job jg = {&ex[0], NULL, I, H, xin, cnt, eg}, ju = {&ex[1], NULL, I, H, xin, cnt, eu};
-            run_rows(m, &jg);
-            run_rows(m, &ju);
-            for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
-            mm_job jd = {&ex[2], NULL, H, I, eg, cnt, eo};
-            run_rows(m, &jd);
-        } else {
-            matmul_f32(m, ly->e_gate[e], I, H, xin, cnt, eg);
-            matmul_f32(m, ly->e_up[e], I, H, xin, cnt, eu);
-            for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
-            matmul_f32(m, ly->e_down[e], H, I, eg, cnt, eo);
-        }
-        for (int64_t r = 0; r < cnt; r++)
-            for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];
     }
+    first[E] = cnt;
+    int count = 0;
+    for (int64_t e = 0; e < E; e++) { /* gate and up, quantised like the dense weights or f32 */
+        const int64_t at = first[e], tokens = first[e + 1] - at;
+        if (!tokens) continue;
+        const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
+        segs[count++] = (expert_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, xin + at * H, eg + at * I};
+        segs[count++] = (expert_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, xin + at * H, eu + at * I};
+    }
+    experts_run(m, segs, count);
+    for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
+    count = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t at = first[e], tokens = first[e + 1] - at;
+        if (!tokens) continue;
+        const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
+        segs[count++] = (expert_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H};
+    }
+    experts_run(m, segs, count);
+    memset(out, 0, (size_t)(n * H) * sizeof *out);
+    for (int64_t r = 0; r < cnt; r++) /* expert by expert, in the order gathered */
+        for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];
     m->phase_seconds[PHASE_ROUTED_EXPERTS] += coli_now() - t0;
     for (int64_t i = 0; i < n * H; i++) out[i] += shared[i];
     rc = 0;
 done:
 fail:
-    free(idx); free(members); free(w); free(logits); free(xin); free(eg); free(eu); free(eo); free(wt);
+    free(idx); free(members); free(first); free(w); free(logits); free(xin); free(eg); free(eu); free(eo); free(wt);
+    free(segs);
     return rc;
 }
 

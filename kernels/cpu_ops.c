@@ -209,15 +209,47 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 
+/* LANES_SUM of a vector's lanes, the same adds in the same order, without a trip
+ * through memory: (l0 + l4, l1 + l5, l2 + l6, l3 + l7) lane by lane, then the pairs'
+ * sums (hadd), then theirs. */
+__attribute__((target("avx2"))) static inline float lanes_sum(__m256 v) {
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 w = _mm_hadd_ps(u, u);
+    return _mm_cvtss_f32(_mm_hadd_ps(w, w));
+}
+
 __attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-    float l[8];
-    _mm256_storeu_ps(l, acc);
-    float sum = LANES_SUM(l);
+    float sum = lanes_sum(acc);
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;
+}
+
+/* Rows a block of dot_f32_avx2_rows takes: one token's f32 row is one chain of
+ * dependent adds, and F32_ROWS rows side by side keep the adder busy. */
+#define F32_ROWS 4
+
+/* F32_ROWS rows (`stride` floats apart) against one token: each row's sum the
+ * operations of dot_f32_avx2, in its order, so the bits are that loop's. */
+__attribute__((target("avx2"))) static void dot_f32_avx2_rows(const float *w, int64_t stride, const float *x, int64_t n,
+                                                              float *y) {
+    __m256 acc[F32_ROWS];
+    #pragma GCC unroll 4
+    for (int j = 0; j < F32_ROWS; j++) acc[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        #pragma GCC unroll 4
+        for (int j = 0; j < F32_ROWS; j++) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(xv, _mm256_loadu_ps(w + j * stride + i)));
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < F32_ROWS; j++) {
+        float sum = lanes_sum(acc[j]);
+        for (int64_t k = i; k < n; k++) sum += x[k] * w[j * stride + k];
+        y[j] = sum;
+    }
 }
 
 __attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, const int8_t *q) {
@@ -225,7 +257,8 @@ __attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, 
     return _mm256_mul_ps(_mm256_loadu_ps(x), w);
 }
 
-__attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const int8_t *q, int64_t n) {
+__attribute__((target("avx2"), always_inline)) static inline float dot_q8_avx2_inline(const float *x, const int8_t *q,
+                                                                                     int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -235,11 +268,21 @@ __attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const i
         a3 = _mm256_add_ps(a3, q8_product(x + i + 24, q + i + 24));
     }
     for (; i + 8 <= n; i += 8) a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
-    float l[8];
-    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    float sum = LANES_SUM(l);
+    float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; i < n; i++) sum += x[i] * (float)q[i];
     return sum;
+}
+
+__attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const int8_t *q, int64_t n) {
+    return dot_q8_avx2_inline(x, q, n);
+}
+
+/* Rows [r0, r1) against one token in one call, the row's loop inlined: a short row
+ * (a decode's expert down projection) pays no call of its own. */
+__attribute__((target("avx2"))) static void rows_q8_avx2(const int8_t *q, const float *scale, int64_t rows, int64_t cols,
+                                                         const float *x, float *y, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) y[r] = dot_q8_avx2_inline(x, q + r * cols, cols) * scale[r];
+    (void)rows;
 }
 
 __attribute__((target("avx2"))) static inline float dot_q4_avx2(const float *x, const uint8_t *p, int32_t group) {
@@ -305,9 +348,7 @@ __attribute__((target("avx2"))) static float row_q4_avx2(const float *x, const u
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(xg + i), q4_values8(pg + (i >> 1))));
         row = _mm256_add_ps(row, _mm256_mul_ps(acc, _mm256_set1_ps(scale[g])));
     }
-    float l[8];
-    _mm256_storeu_ps(l, row);
-    return LANES_SUM(l);
+    return lanes_sum(row);
 }
 
 /* Several tokens against one weight row (a prefill, teacher forcing): each weight
@@ -329,9 +370,7 @@ __attribute__((target("avx2"))) static void dot_f32_avx2_tokens(const float *w, 
     }
     #pragma GCC unroll 4
     for (int j = 0; j < F32_TOKENS; j++) {
-        float l[8];
-        _mm256_storeu_ps(l, acc[j]);
-        float sum = LANES_SUM(l);
+        float sum = lanes_sum(acc[j]);
         for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * w[k];
         y[j] = sum;
     }
@@ -361,9 +400,7 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
     }
     #pragma GCC unroll 4
     for (int j = 0; j < Q8_TOKENS; j++) {
-        float l[8];
-        _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3])));
-        float sum = LANES_SUM(l);
+        float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3])));
         for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * (float)q[k];
         y[j] = sum;
     }
@@ -393,9 +430,7 @@ __attribute__((target("avx2"))) static void row_q4_avx2_tokens(const float *x, i
     }
     #pragma GCC unroll 4
     for (int j = 0; j < Q4_TOKENS; j++) {
-        float l[8];
-        _mm256_storeu_ps(l, row[j]);
-        y[j] = LANES_SUM(l);
+        y[j] = lanes_sum(row[j]);
     }
 }
 
@@ -542,19 +577,34 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
         }                                                                                                            \
         _Pragma("GCC unroll 4")                                                                                      \
         for (int j = 0; j < N; j++) {                                                                                \
-            float l[8];                                                                                              \
-            _mm256_storeu_ps(l, row[j]);                                                                             \
-            out[j] = LANES_SUM(l) * xd->sc[t0 + j].step;                                                             \
+            out[j] = lanes_sum(row[j]) * xd->sc[t0 + j].step;                                                      \
         }                                                                                                            \
     }                                                                                                                \
-    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t groups,           \
-                                                     int32_t group, const q4d_x *xd, int64_t cols, int64_t t0,       \
-                                                     int n, float *out) {                                            \
-        const int64_t pg = group / 32; /* groups of 32 (the usual) with no loop over their 32s */                    \
-        if (n == Q4_TOKENS && pg == 1) NAME##_n(p, scale, groups, xd, cols, t0, Q4_TOKENS, 1, out);                  \
-        else if (n == Q4_TOKENS) NAME##_n(p, scale, groups, xd, cols, t0, Q4_TOKENS, pg, out);                       \
-        else if (pg == 1) NAME##_n(p, scale, groups, xd, cols, t0, 1, 1, out);                                       \
-        else NAME##_n(p, scale, groups, xd, cols, t0, 1, pg, out);                                                   \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_rows_pg(                               \
+        const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int64_t groups, const q4d_x *xd,       \
+        int64_t s, float *y, int64_t r0, int64_t r1, const int64_t pg) {                                             \
+        float out[Q4_TOKENS];                                                                                        \
+        for (int64_t r = r0; r < r1; r++) {                                                                          \
+            const uint8_t *pr = packed + r * cols / 2;                                                               \
+            int64_t t = 0;                                                                                           \
+            for (; t + Q4_TOKENS <= s; t += Q4_TOKENS) {                                                             \
+                NAME##_n(pr, scale + r * groups, groups, xd, cols, t, Q4_TOKENS, pg, out);                           \
+                for (int j = 0; j < Q4_TOKENS; j++) y[(t + j) * rows + r] = out[j];                                  \
+            }                                                                                                        \
+            for (; t < s; t++) {                                                                                     \
+                NAME##_n(pr, scale + r * groups, groups, xd, cols, t, 1, pg, out);                                   \
+                y[t * rows + r] = out[0];                                                                            \
+            }                                                                                                        \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* Rows [r0, r1) against every token, Q4_TOKENS at a time and the rest one by one: one                          \
+     * call for the rows, so a short row (a decode's expert down projection) pays no call. */                       \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *packed, const float *scale, int64_t rows,        \
+                                                     int64_t cols, int32_t group, const q4d_x *xd, int64_t s,        \
+                                                     float *y, int64_t r0, int64_t r1) {                             \
+        const int64_t groups = cols / group, pg = group / 32; /* groups of 32 (the usual): no loop over 32s */        \
+        if (pg == 1) NAME##_rows_pg(packed, scale, rows, cols, groups, xd, s, y, r0, r1, 1);                         \
+        else NAME##_rows_pg(packed, scale, rows, cols, groups, xd, s, y, r0, r1, pg);                                \
     }
 
 #define DOT_AVX2(acc, w, d, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, d), ones))
@@ -589,24 +639,16 @@ const char *coli_cpu_loops(void) {
 }
 
 /* int4 rows of groups that q4d_fits: the vector loops on prepared digits (blocks of
- * Q4_TOKENS tokens, then one at a time), else the portable loop; the same bits. */
+ * Q4_TOKENS tokens, then one at a time, a row's tokens before the next row), else
+ * the portable loop; the same bits. */
 static void q4d_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
                      const float *x, int64_t s, float *y, int64_t r0, int64_t r1) {
     const int64_t groups = cols / group;
 #ifdef HAVE_AVX2_PATH
     q4d_x xd;
     if (use_avx2() && q4d_prepare(&xd, x, s, cols, group)) {
-        float out[Q4_TOKENS];
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *pr = packed + r * cols / 2;
-            for (int64_t t = 0; t < s;) {
-                const int n = s - t >= Q4_TOKENS ? Q4_TOKENS : 1;
-                if (cpu_level() == 2) row_q4d_vnni(pr, scale + r * groups, groups, group, &xd, cols, t, n, out);
-                else row_q4d_avx2(pr, scale + r * groups, groups, group, &xd, cols, t, n, out);
-                for (int j = 0; j < n; j++) y[(t + j) * rows + r] = out[j];
-                t += n;
-            }
-        }
+        if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
+        else row_q4d_avx2(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
         q4d_release(&xd);
         return;
     }
@@ -640,25 +682,41 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
 }
 
 /* Each row against every token: blocks of tokens through the AVX2 loops above, the
- * rest (and every token without AVX2) one at a time; the same bits either way. */
+ * rest (and every token without AVX2) one at a time, there F32_ROWS rows side by
+ * side; the same bits either way. */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
-    float out[F32_TOKENS];
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t t = 0;
+    float out[F32_TOKENS > F32_ROWS ? F32_TOKENS : F32_ROWS];
+    int64_t blocked = 0; /* tokens [0, blocked) go F32_TOKENS at a time */
 #ifdef HAVE_AVX2_PATH
-        for (; use_avx2() && t + F32_TOKENS <= s; t += F32_TOKENS) {
+    if (use_avx2()) blocked = s - s % F32_TOKENS;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < blocked; t += F32_TOKENS) {
             dot_f32_avx2_tokens(w + r * cols, x + t * cols, cols, cols, out);
             for (int j = 0; j < F32_TOKENS; j++) y[(t + j) * rows + r] = out[j];
         }
 #endif
-        for (; t < s; t++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
+    for (int64_t t = blocked; t < s; t++) {
+        int64_t r = r0;
+#ifdef HAVE_AVX2_PATH
+        for (; use_avx2() && r + F32_ROWS <= r1; r += F32_ROWS) {
+            dot_f32_avx2_rows(w + r * cols, cols, x + t * cols, cols, out);
+            for (int j = 0; j < F32_ROWS; j++) y[t * rows + r + j] = out[j];
+        }
+#endif
+        for (; r < r1; r++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
     }
     (void)out;
 }
 
 void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
                          int64_t s, float *y, int64_t r0, int64_t r1) {
+#ifdef HAVE_AVX2_PATH
+    if (s == 1 && use_avx2()) {
+        rows_q8_avx2(q, scale, rows, cols, x, y, r0, r1);
+        return;
+    }
+#endif
     float out[Q8_TOKENS];
     for (int64_t r = r0; r < r1; r++) {
         int64_t t = 0;
