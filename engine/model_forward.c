@@ -38,6 +38,44 @@ static void run_rows(model *m, mm_job *j) {
     else pool_run(m->pool, mm_rows, j, j->rows);
 }
 
+/* Several matmuls as one pool job: a segment is one matrix against its tokens, and the
+ * job's rows are the segments' rows end to end, so the threads split them however
+ * they fall and the matmuls wait for the pool once, not once each (the linears that
+ * read one x; a layer's routed experts, gate and up of every expert a token picked,
+ * then every down). Each (row, token) is the same matmul row as alone. */
+typedef struct mm_seg {
+    const linear *l;  /* quantised, or NULL: f32 `w` */
+    const float *w;
+    int64_t rows, cols, s;
+    const float *x;
+    float *y;
+} mm_seg;
+
+typedef struct segs_job {
+    const mm_seg *segs;
+    int count;
+} segs_job;
+
+static void segs_rows(void *ctx, int64_t b, int64_t e) {
+    const segs_job *j = ctx;
+    int64_t first = 0; /* the job's row where segment i starts */
+    for (int i = 0; i < j->count && first < e; first += j->segs[i].rows, i++) {
+        const mm_seg *sg = &j->segs[i];
+        const int64_t lo = b > first ? b - first : 0, hi = e - first < sg->rows ? e - first : sg->rows;
+        if (lo >= hi) continue;
+        mm_job mj = {sg->l, sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y};
+        mm_rows(&mj, lo, hi);
+    }
+}
+
+static void segs_run(model *m, const mm_seg *segs, int count) {
+    segs_job j = {segs, count};
+    int64_t rows = 0, macs = 0;
+    for (int i = 0; i < count; i++) rows += segs[i].rows, macs += segs[i].rows * segs[i].cols * segs[i].s;
+    if (macs < PARALLEL_MIN_MACS) segs_rows(&j, 0, rows);
+    else pool_run(m->pool, segs_rows, &j, rows);
+}
+
 static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y) {
     mm_job j = {NULL, w, rows, cols, x, s, y};
     run_rows(m, &j);
@@ -82,15 +120,26 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
     return rc;
 }
 
-/* Linears that read the same x (at most MANY_MAX): one backend round trip
- * (coli_matmul_many, ABI 1.1) where the backend has it and holds all of them,
- * else one call each. At S = 1 a call's round trip costs several times its kernels'
- * time, so the layer's 10 become 6. */
+/* Linears that read the same x (at most MANY_MAX): on the CPU one pool job (segs_run);
+ * in the backend one round trip (coli_matmul_many, ABI 1.1) where it has it and holds
+ * all of them, else one call each. At S = 1 a call's round trip costs several times its
+ * kernels' time, so the layer's 10 become 6. */
 #define MANY_MAX 3
 static int linears_fwd(model *m, const linear *const *ls, int count, const float *x, int64_t s, float *const *ys,
                        char *err, size_t errlen) {
     int together = count > 1 && count <= MANY_MAX && m->backend && m->backend->api.matmul_many;
     for (int i = 0; together && i < count; i++) together = ls[i]->dev && ls[i]->cols == ls[0]->cols;
+    int local = 1;
+    for (int i = 0; i < count; i++) local = local && !ls[i]->dev;
+    if (local && count <= MANY_MAX) {
+        const double t0 = coli_now();
+        mm_seg segs[MANY_MAX];
+        for (int i = 0; i < count; i++) segs[i] = (mm_seg){ls[i], NULL, ls[i]->rows, ls[i]->cols, s, x, ys[i]};
+        segs_run(m, segs, count);
+        for (int i = 0; i < count; i++) add_bias(ls[i], s, ys[i]);
+        m->phase_seconds[PHASE_LINEARS] += coli_now() - t0;
+        return 0;
+    }
     if (!together) {
         for (int i = 0; i < count; i++)
             if (linear_fwd(m, ls[i], x, s, ys[i], err, errlen)) return 1;
@@ -209,44 +258,6 @@ fail:
     return 1;
 }
 
-/* The routed experts' matmuls of a layer as one pool job a stage (gate and up of every
- * expert a token picked, then every down): a segment is one expert's matrix against
- * its tokens, and the job's rows are the segments' rows end to end, so the threads
- * split them however they fall and a decode's few experts wait for the pool twice,
- * not three times an expert. Each (row, token) is the same matmul row as alone. */
-typedef struct expert_seg {
-    const linear *l;  /* quantised, or NULL: f32 `w` */
-    const float *w;
-    int64_t rows, cols, s;
-    const float *x;
-    float *y;
-} expert_seg;
-
-typedef struct experts_job {
-    const expert_seg *segs;
-    int count;
-} experts_job;
-
-static void experts_rows(void *ctx, int64_t b, int64_t e) {
-    const experts_job *j = ctx;
-    int64_t first = 0; /* the job's row where segment i starts */
-    for (int i = 0; i < j->count && first < e; first += j->segs[i].rows, i++) {
-        const expert_seg *sg = &j->segs[i];
-        const int64_t lo = b > first ? b - first : 0, hi = e - first < sg->rows ? e - first : sg->rows;
-        if (lo >= hi) continue;
-        mm_job mj = {sg->l, sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y};
-        mm_rows(&mj, lo, hi);
-    }
-}
-
-static void experts_run(model *m, const expert_seg *segs, int count) {
-    experts_job j = {segs, count};
-    int64_t rows = 0, macs = 0;
-    for (int i = 0; i < count; i++) rows += segs[i].rows, macs += segs[i].rows * segs[i].cols * segs[i].s;
-    if (macs < PARALLEL_MIN_MACS) experts_rows(&j, 0, rows);
-    else pool_run(m->pool, experts_rows, &j, rows);
-}
-
 static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, float *u, float *out, float *shared,
                char *err, size_t errlen) {
     const model_config *c = &m->c;
@@ -257,7 +268,7 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
     float *xin = malloc((size_t)(P * H) * sizeof *xin), *eg = malloc((size_t)(P * I) * sizeof *eg);
     float *eu = malloc((size_t)(P * I) * sizeof *eu), *eo = malloc((size_t)(P * H) * sizeof *eo);
     float *wt = malloc((size_t)P * sizeof *wt);
-    expert_seg *segs = malloc((size_t)(2 * E) * sizeof *segs);
+    mm_seg *segs = malloc((size_t)(2 * E) * sizeof *segs);
     int rc = 1;
     if (!idx || !members || !first || !w || !logits || !xin || !eg || !eu || !eo || !wt || !segs) {
         snprintf(err, errlen, "out of memory in the MoE layer");
@@ -288,19 +299,19 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
         const int64_t at = first[e], tokens = first[e + 1] - at;
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
-        segs[count++] = (expert_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, xin + at * H, eg + at * I};
-        segs[count++] = (expert_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, xin + at * H, eu + at * I};
+        segs[count++] = (mm_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, xin + at * H, eg + at * I};
+        segs[count++] = (mm_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, xin + at * H, eu + at * I};
     }
-    experts_run(m, segs, count);
+    segs_run(m, segs, count);
     for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
     count = 0;
     for (int64_t e = 0; e < E; e++) {
         const int64_t at = first[e], tokens = first[e + 1] - at;
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
-        segs[count++] = (expert_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H};
+        segs[count++] = (mm_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H};
     }
-    experts_run(m, segs, count);
+    segs_run(m, segs, count);
     memset(out, 0, (size_t)(n * H) * sizeof *out);
     for (int64_t r = 0; r < cnt; r++) /* expert by expert, in the order gathered */
         for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];

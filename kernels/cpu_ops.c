@@ -540,8 +540,9 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
 /* A row against N tokens of xd from t0 (N a constant where it is inlined): the
  * weights' 16 bytes of each 32 unpacked once, their products with each token's three
  * digit planes summed by DOT (u8 x s8, four a lane, into int32 lanes), the planes'
- * sums put together as 65536 a + 256 b + c (exact: int32 wraps, and the true sum
- * fits), less the bias lanes, then the group's float lanes. */
+ * sums put together as (256 a + b) 256 + c, each plane's DOT adding into the sum
+ * before it shifted (exact: int32 wraps, and the true sum fits), less the bias
+ * lanes, then the group's float lanes. */
 #define Q4D_ROW(NAME, TARGET, DOT)                                                                                   \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                      \
         const uint8_t *p, const float *scale, int64_t groups, const q4d_x *xd, int64_t cols,                         \
@@ -562,10 +563,10 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
                 for (int j = 0; j < N; j++) {                                                                        \
                     const int8_t *d = xd->digits + (t0 + j) * cols * 3 + blk * 96;                                   \
                     const __m256i a = DOT(zero, w, _mm256_loadu_si256((const __m256i *)d), ones);                    \
-                    const __m256i b = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 32)), ones);             \
-                    const __m256i c = DOT(zero, w, _mm256_loadu_si256((const __m256i *)(d + 64)), ones);             \
-                    t[j] = _mm256_add_epi32(t[j], _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(a, 16),        \
-                                                                                     _mm256_slli_epi32(b, 8)), c));  \
+                    const __m256i ab = DOT(_mm256_slli_epi32(a, 8), w, _mm256_loadu_si256((const __m256i *)(d + 32)), \
+                                           ones);                                                                    \
+                    t[j] = _mm256_add_epi32(t[j], DOT(_mm256_slli_epi32(ab, 8), w,                                   \
+                                                      _mm256_loadu_si256((const __m256i *)(d + 64)), ones));         \
                 }                                                                                                    \
             }                                                                                                        \
             const __m256 sg = _mm256_set1_ps(scale[g]);                                                              \
