@@ -209,6 +209,14 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 
+/* Bytes ahead of an int4 row's loads that its loops ask the cache for: the hardware's
+ * prefetch alone left a thread streaming an int4 matrix from memory at 13.4 GB/s,
+ * 14.7 with this (one thread, 32768 x 4096, one token; 512 bytes gave 14.2; int8's
+ * loop, twice the bytes a step, gained nothing). */
+#ifndef STREAM_AHEAD
+#define STREAM_AHEAD 1024
+#endif
+
 /* LANES_SUM of a vector's lanes, the same adds in the same order, without a trip
  * through memory: (l0 + l4, l1 + l5, l2 + l6, l3 + l7) lane by lane, then the pairs'
  * sums (hadd), then theirs. */
@@ -242,7 +250,8 @@ __attribute__((target("avx2"))) static void dot_f32_avx2_rows(const float *w, in
     for (; i + 8 <= n; i += 8) {
         const __m256 xv = _mm256_loadu_ps(x + i);
         #pragma GCC unroll 4
-        for (int j = 0; j < F32_ROWS; j++) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(xv, _mm256_loadu_ps(w + j * stride + i)));
+        for (int j = 0; j < F32_ROWS; j++)
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(xv, _mm256_loadu_ps(w + j * stride + i)));
     }
     #pragma GCC unroll 4
     for (int j = 0; j < F32_ROWS; j++) {
@@ -279,8 +288,8 @@ __attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const i
 
 /* Rows [r0, r1) against one token in one call, the row's loop inlined: a short row
  * (a decode's expert down projection) pays no call of its own. */
-__attribute__((target("avx2"))) static void rows_q8_avx2(const int8_t *q, const float *scale, int64_t rows, int64_t cols,
-                                                         const float *x, float *y, int64_t r0, int64_t r1) {
+__attribute__((target("avx2"))) static void rows_q8_avx2(const int8_t *q, const float *scale, int64_t rows,
+                                                         int64_t cols, const float *x, float *y, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) y[r] = dot_q8_avx2_inline(x, q + r * cols, cols) * scale[r];
     (void)rows;
 }
@@ -557,6 +566,7 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
             _Pragma("GCC unroll 4")                                                                                  \
             for (int j = 0; j < N; j++) t[j] = zero;                                                                 \
             for (int64_t blk = g * per_group; blk < (g + 1) * per_group; blk++) {                                    \
+                _mm_prefetch((const char *)(p + blk * 16 + STREAM_AHEAD), _MM_HINT_T0);                              \
                 const __m128i w16 = _mm_loadu_si128((const __m128i *)(p + blk * 16));                                \
                 const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w16, 4), w16), low4);             \
                 _Pragma("GCC unroll 4")                                                                              \
