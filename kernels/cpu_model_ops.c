@@ -112,9 +112,14 @@ void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k
                        float *p, float *out) {
     const int64_t n = last + 1;
     for (int64_t h = 0; h < heads; h++) memset(out + h * vdim, 0, (size_t)vdim * sizeof(float));
+    float d[64]; /* a key's heads' scores, up to 64 side by side */
     for (int64_t t = 0; t < n; t++) {
         if (!sel[t]) continue;
-        for (int64_t h = 0; h < heads; h++) p[h * n + t] = coli_dot_f32(q + h * qk, k + t * k_stride + h * qk, qk) * scaling;
+        for (int64_t h0 = 0; h0 < heads; h0 += 64) {
+            const int64_t count = heads - h0 < 64 ? heads - h0 : 64;
+            coli_dot_f32_many(q + h0 * qk, qk, k + t * k_stride + h0 * qk, qk, count, qk, scaling, d);
+            for (int64_t h = 0; h < count; h++) p[(h0 + h) * n + t] = d[h];
+        }
     }
     for (int64_t h = 0; h < heads; h++) {
         float *ph = p + h * n, mx = -INFINITY, sum = 0.0f;
@@ -130,11 +135,7 @@ void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k
     }
     for (int64_t t = 0; t < n; t++) {
         if (!sel[t]) continue;
-        for (int64_t h = 0; h < heads; h++) {
-            const float wt = p[h * n + t], *vt = v + t * v_stride + h * vdim;
-            float *o = out + h * vdim;
-            for (int64_t d = 0; d < vdim; d++) o[d] += wt * vt[d];
-        }
+        for (int64_t h = 0; h < heads; h++) coli_axpy_f32(out + h * vdim, p[h * n + t], v + t * v_stride + h * vdim, vdim);
     }
 }
 

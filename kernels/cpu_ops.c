@@ -226,7 +226,8 @@ __attribute__((target("avx2"))) static inline float lanes_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_hadd_ps(w, w));
 }
 
-__attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+__attribute__((target("avx2"), always_inline)) static inline float dot_f32_avx2_inline(const float *a, const float *b,
+                                                                                      int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
@@ -235,30 +236,25 @@ __attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const 
     return sum;
 }
 
-/* Rows a block of dot_f32_avx2_rows takes: one token's f32 row is one chain of
- * dependent adds, and F32_ROWS rows side by side keep the adder busy. */
-#define F32_ROWS 4
+__attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+    return dot_f32_avx2_inline(a, b, n);
+}
 
-/* F32_ROWS rows (`stride` floats apart) against one token: each row's sum the
- * operations of dot_f32_avx2, in its order, so the bits are that loop's. */
-__attribute__((target("avx2"))) static void dot_f32_avx2_rows(const float *w, int64_t stride, const float *x, int64_t n,
-                                                              float *y) {
-    __m256 acc[F32_ROWS];
-    #pragma GCC unroll 4
-    for (int j = 0; j < F32_ROWS; j++) acc[j] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + i);
-        #pragma GCC unroll 4
-        for (int j = 0; j < F32_ROWS; j++)
-            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(xv, _mm256_loadu_ps(w + j * stride + i)));
-    }
-    #pragma GCC unroll 4
-    for (int j = 0; j < F32_ROWS; j++) {
-        float sum = lanes_sum(acc[j]);
-        for (int64_t k = i; k < n; k++) sum += x[k] * w[j * stride + k];
-        y[j] = sum;
-    }
+/* coli_dot_f32_many's loop: the dots inlined, so the short ones of attention (a
+ * head's query against a key) overlap instead of waiting on one call each. */
+__attribute__((target("avx2"))) static void dot_f32_avx2_many(const float *a, int64_t a_stride, const float *b,
+                                                               int64_t b_stride, int64_t count, int64_t n,
+                                                               float scale, float *out) {
+    for (int64_t i = 0; i < count; i++) out[i] = dot_f32_avx2_inline(a + i * a_stride, b + i * b_stride, n) * scale;
+}
+
+/* o += w v, a product and a sum a value, 8 at a time. */
+__attribute__((target("avx2"))) static void axpy_f32_avx2(float *o, float w, const float *v, int64_t n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d), _mm256_mul_ps(wv, _mm256_loadu_ps(v + d))));
+    for (; d < n; d++) o[d] += w * v[d];
 }
 
 __attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, const int8_t *q) {
@@ -678,6 +674,27 @@ float coli_dot_f32(const float *a, const float *b, int64_t n) {
     return dot_f32_portable(a, b, n);
 }
 
+void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t b_stride, int64_t count, int64_t n,
+                       float scale, float *out) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        dot_f32_avx2_many(a, a_stride, b, b_stride, count, n, scale, out);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < count; i++) out[i] = dot_f32_portable(a + i * a_stride, b + i * b_stride, n) * scale;
+}
+
+void coli_axpy_f32(float *o, float w, const float *v, int64_t n) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        axpy_f32_avx2(o, w, v, n);
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < n; d++) o[d] += w * v[d];
+}
+
 static float dot_q8(const float *x, const int8_t *q, int64_t n) {
 #ifdef HAVE_AVX2_PATH
     if (use_avx2()) return dot_q8_avx2(x, q, n);
@@ -693,29 +710,21 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
 }
 
 /* Each row against every token: blocks of tokens through the AVX2 loops above, the
- * rest (and every token without AVX2) one at a time, there F32_ROWS rows side by
- * side; the same bits either way. */
+ * rest (and every token without AVX2) one at a time; the same bits either way. A
+ * single token's f32 rows stay one at a time: four side by side were faster from the
+ * cache and slower from memory (a decode's f32 linears 24.5 -> 27.5 ms a token). */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
-    float out[F32_TOKENS > F32_ROWS ? F32_TOKENS : F32_ROWS];
-    int64_t blocked = 0; /* tokens [0, blocked) go F32_TOKENS at a time */
+    float out[F32_TOKENS];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t t = 0;
 #ifdef HAVE_AVX2_PATH
-    if (use_avx2()) blocked = s - s % F32_TOKENS;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t t = 0; t < blocked; t += F32_TOKENS) {
+        for (; use_avx2() && t + F32_TOKENS <= s; t += F32_TOKENS) {
             dot_f32_avx2_tokens(w + r * cols, x + t * cols, cols, cols, out);
             for (int j = 0; j < F32_TOKENS; j++) y[(t + j) * rows + r] = out[j];
         }
 #endif
-    for (int64_t t = blocked; t < s; t++) {
-        int64_t r = r0;
-#ifdef HAVE_AVX2_PATH
-        for (; use_avx2() && r + F32_ROWS <= r1; r += F32_ROWS) {
-            dot_f32_avx2_rows(w + r * cols, cols, x + t * cols, cols, out);
-            for (int j = 0; j < F32_ROWS; j++) y[t * rows + r + j] = out[j];
-        }
-#endif
-        for (; r < r1; r++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
+        for (; t < s; t++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
     }
     (void)out;
 }

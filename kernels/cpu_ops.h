@@ -41,6 +41,11 @@ void coli_matmul_q4(const uint8_t *packed, const float *scale, int64_t rows, int
 
 /* a . b with eight partial sums (a fixed order, vectorisable). */
 float coli_dot_f32(const float *a, const float *b, int64_t n);
+/* out[i] = coli_dot_f32(a + i a_stride, b + i b_stride, n) * scale, i < count: the same bits. */
+void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t b_stride, int64_t count, int64_t n,
+                       float scale, float *out);
+/* o[d] += w * v[d], d < n: a product, then a sum, each value. */
+void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
 
 /* The loops chosen at run time: "avx512vnni" (AVX2, and int4's byte products by
  * VNNI), "avx2", or "portable" (no AVX2, or COLI_CPU_PORTABLE=1); COLI_CPU_LOOPS=avx2
