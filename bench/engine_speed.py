@@ -6,7 +6,8 @@
 Runs with the oracle environment (tools/oracle/requirements.txt: torch, transformers).
 For each model: teacher forcing over 32 positions and greedy decode of 32 tokens
 after a 12-token prompt; the engine at f32, int8 and int4 and transformers at
-float32; medians of --repeat runs; the engine's peak RSS (/usr/bin/time) against
+float32; medians of --repeat runs (with --baseline, the two builds' runs taken in
+turn); the engine's peak RSS (/usr/bin/time) against
 the size of the weights. In the same run, bench/read_bandwidth.c measures what the
 engine's threads can stream, and each decode figure is given as a share of the
 limit that sets: that bandwidth over what a decoded token reads (its weights, and
@@ -48,30 +49,38 @@ def read_bandwidth(threads: int) -> dict[str, Any]:
 
 
 def bench_engine(
-    coli: Path, model: Path, ids: list[int], threads: int, repeat: int, bandwidth: float
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    builds: list[Path], model: Path, ids: list[int], threads: int, repeat: int, bandwidth: float
+) -> list[dict[str, Any]]:
+    """Each build's figures; with several builds, each run of one is followed by the same run
+    of the next, so that a machine that drifts during the run favours none."""
+    outs: list[dict[str, Any]] = [{} for _ in builds]
     joined, prompt = ",".join(map(str, ids)), ",".join(map(str, ids[:PROMPT]))
     for quant in ("f32", "int8", "int4"):
-        tf, gen, rss = [], [], []
+        tf: list[list[float]] = [[] for _ in builds]
+        gen: list[list[float]] = [[] for _ in builds]
+        rss: list[list[int]] = [[] for _ in builds]
+        per_token = 0.0
         for _ in range(repeat):
-            d, kb = engine(coli, model, ["--ids", joined, "--teacher-force", "--quant", quant], threads)
-            tf.append(d["tokens_per_second"])
-            rss.append(kb)
-            d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
-            gen.append(d["decode_tokens_per_second"])
-            rss.append(kb)
-        per_token = d["token_weight_bytes"] + d["kv_bytes_per_position"] * (PROMPT + DECODE / 2)
+            for b, coli in enumerate(builds):
+                d, kb = engine(coli, model, ["--ids", joined, "--teacher-force", "--quant", quant], threads)
+                tf[b].append(d["tokens_per_second"])
+                rss[b].append(kb)
+            for b, coli in enumerate(builds):
+                d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
+                gen[b].append(d["decode_tokens_per_second"])
+                rss[b].append(kb)
+                per_token = d["token_weight_bytes"] + d["kv_bytes_per_position"] * (PROMPT + DECODE / 2)
         limit = bandwidth / per_token
-        out[quant] = {
-            "teacher_forcing_tokens_per_second": statistics.median(tf),
-            "decode_tokens_per_second": statistics.median(gen),
-            "token_read_bytes": per_token,
-            "decode_limit_tokens_per_second": limit,
-            "decode_share_of_limit": statistics.median(gen) / limit,
-            "peak_rss_bytes": max(rss) * 1024,
-        }
-    return out
+        for b in range(len(builds)):
+            outs[b][quant] = {
+                "teacher_forcing_tokens_per_second": statistics.median(tf[b]),
+                "decode_tokens_per_second": statistics.median(gen[b]),
+                "token_read_bytes": per_token,
+                "decode_limit_tokens_per_second": limit,
+                "decode_share_of_limit": statistics.median(gen[b]) / limit,
+                "peak_rss_bytes": max(rss[b]) * 1024,
+            }
+    return outs
 
 
 def bench_transformers(model: Path, ids: list[int], threads: int, repeat: int) -> dict[str, Any]:
@@ -128,10 +137,12 @@ def main() -> None:
         rng = random.Random(1)
         ids = [rng.randrange(2, vocab) for _ in range(POSITIONS)]
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
-        eng = bench_engine(args.coli, model, ids, args.threads, args.repeat, bandwidth)
+        builds = [args.coli, *([args.baseline] if args.baseline else [])]
+        engines = bench_engine(builds, model, ids, args.threads, args.repeat, bandwidth)
+        eng = engines[0]
         row: dict[str, Any] = {"weights_bytes": weights, "engine": eng}
         if args.baseline:
-            row["baseline"] = bench_engine(args.baseline, model, ids, args.threads, args.repeat, bandwidth)
+            row["baseline"] = engines[1]
         row["peak_rss_over_weights_f32"] = eng["f32"]["peak_rss_bytes"] / weights
         if not args.engine_only:
             hf = row["transformers"] = bench_transformers(model, ids, args.threads, args.repeat)

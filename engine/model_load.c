@@ -316,6 +316,22 @@ static void offload(loader_ctx *L, linear *l) {
     l->w = NULL;
 }
 
+/* Rows [b, e) of l quantised from w (each row alone, so the pool's threads may split them). */
+typedef struct quantise_job {
+    linear *l;
+    const float *w;
+} quantise_job;
+
+static void quantise_rows(void *ctx, int64_t b, int64_t e) {
+    const quantise_job *j = ctx;
+    const linear *l = j->l;
+    const int64_t cols = l->cols;
+    if (l->format == COLI_FMT_Q8) coli_quantize_q8(j->w + b * cols, e - b, cols, l->q8 + b * cols, l->scale + b);
+    else
+        coli_quantize_q4(j->w + b * cols, e - b, cols, l->group, l->q4 + b * cols / 2,
+                         l->scale + b * (cols / l->group));
+}
+
 /* l as rows x cols weights w in the model's format: w itself at f32 (owned: the
  * copy to free with it, or NULL when w is mapped), else quantised from w, which is
  * then released (`t`, when w is a mapped tensor's). Nothing is offloaded here. */
@@ -335,13 +351,15 @@ static int weights_in_format(loader_ctx *L, linear *l, const char *name, const f
         l->format = COLI_FMT_Q8;
         l->q8 = malloc((size_t)(rows * cols));
         l->scale = malloc((size_t)rows * sizeof(float));
-        if (l->q8 && l->scale) coli_quantize_q8(w, rows, cols, l->q8, l->scale);
     } else {
         l->format = COLI_FMT_Q4;
         l->group = q4_group(cols);
         l->q4 = malloc((size_t)(rows * cols / 2));
         l->scale = malloc((size_t)(rows * (cols / l->group)) * sizeof(float));
-        if (l->q4 && l->scale) coli_quantize_q4(w, rows, cols, l->group, l->q4, l->scale);
+    }
+    if (l->scale && (l->q8 || l->q4)) {
+        quantise_job j = {l, w};
+        pool_run(L->m->pool, quantise_rows, &j, rows);
     }
     free(owned);
     if (t) st_release(t);
@@ -522,6 +540,7 @@ int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_ba
     /* as transformers computes it, in float32 */
     for (int64_t i = 0; i < c->qk_rope / 2; i++)
         m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->qk_rope);
+    m->pool = pool_create(threads); /* the weights are quantised on it too */
     int converted = 0;
     if (!(m->embed = mat_f32_ex(&L, "model.embed_tokens.weight", c->vocab, c->hidden, 0, &converted))) return 1;
     if (converted) m->embed_owned = m->embed;
@@ -541,7 +560,6 @@ int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_ba
             return 1;
         }
     }
-    m->pool = pool_create(threads);
     if (backend && backend->api.backend_set_threads) backend->api.backend_set_threads(threads);
     return 0;
 }

@@ -14,8 +14,17 @@ static float max_abs(const float *v, int64_t n) {
     return m;
 }
 
-static int clamp_round(float v, int lo, int hi) {
-    long r = lroundf(v);
+/* lroundf (halves away from zero), clamped to [lo, hi]. Below 2^23 inline: the
+ * truncation and v's distance from it are exact there, and the quantisers round every
+ * weight (a call each was most of a large model's load); lroundf itself elsewhere. */
+static inline int clamp_round(float v, int lo, int hi) {
+    long r;
+    if (fabsf(v) < 8388608.0f) { /* the step away from zero as a number, not a branch: it is a coin toss */
+        const float t = (float)(int32_t)v, away = (float)(fabsf(v - t) >= 0.5f);
+        r = (long)(t + copysignf(away, v));
+    } else {
+        r = lroundf(v);
+    }
     if (r < lo) return lo;
     if (r > hi) return hi;
     return (int)r;
