@@ -130,6 +130,37 @@ int main(void) {
         mix(all, heads * vd);
         free(q), free(k), free(v), free(p), free(one), free(all), free(sel);
     }
+    /* the quantisers round as lroundf does (halves away from zero), then clamp: rows whose
+     * largest value makes the scale exactly 1, holding halves, values just below them,
+     * and a random rest */
+    for (int it = 0; it < 200; it++) {
+        static const float EDGES[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 0.49999997f, -0.49999997f, 6.5f,
+                                      -6.5f, -7.5f, 3.4999998f, 126.5f, -126.5f, 125.50001f, 0.0f, -0.0f};
+        const int64_t cols = 64;
+        float w[64], sc[2];
+        int8_t q[64];
+        uint8_t packed[32];
+        for (int fmt = 0; fmt < 2; fmt++) {
+            const float top = fmt == 0 ? 127.0f : 7.0f;
+            for (int64_t c = 0; c < cols; c++) {
+                const float e = EDGES[(size_t)(c + it) % (sizeof EDGES / sizeof EDGES[0])];
+                w[c] = c % 3 == 0 ? rnd() * top : fmaxf(-top, fminf(top, e));
+            }
+            w[it % 32] = it % 2 ? top : -top; /* each group's largest: the scale is 1 */
+            w[32 + it % 32] = top;
+            if (fmt == 0) coli_quantize_q8(w, 1, cols, q, sc);
+            else coli_quantize_q4(w, 1, cols, 32, packed, sc);
+            for (int64_t c = 0; c < cols; c++) {
+                long want = lroundf(w[c]);
+                want = want < (fmt == 0 ? -127 : -8) ? (fmt == 0 ? -127 : -8) : want > (long)top ? (long)top : want;
+                const long got = fmt == 0 ? q[c] : (long)((packed[c / 2] >> (c % 2 * 4)) & 0x0F) - 8;
+                if (got != want) {
+                    printf("MISMATCH quantising %.9g (format %d): %ld, not %ld\n", w[c], fmt, got, want);
+                    return 1;
+                }
+            }
+        }
+    }
     printf("%s loops, %d outputs within the double-precision sums, hash %016llx\n", coli_cpu_loops(), checked,
            (unsigned long long)hash);
     return 0;
