@@ -107,14 +107,42 @@ void coli_attend_one(const float *q, const float *k, const float *v, int64_t k_s
     }
 }
 
+/* Selected keys whose rows coli_attend_heads asks the cache for ahead of the one it is
+ * at, into L2 (a row is tens of lines: asked into L1 they outrun its misses in flight):
+ * a long context's selected keys are scattered over the cache, a few KiB each, and the
+ * hardware's prefetch starts again at each. After 4,000 positions (int4, 2 threads) a
+ * decode's attention took 0.39 s over 15 tokens without, 0.36 with 4 into L1, 0.26
+ * with 4 into L2, 0.27 with 8. */
+#define ATTEND_AHEAD 4
+
+/* A walk over the selected keys that keeps the rows (`floats` each, `stride` apart) of
+ * the next ATTEND_AHEAD of them requested: next() before each key. */
+typedef struct key_prefetch {
+    const uint8_t *sel;
+    const float *base;
+    int64_t stride, floats, n, at, issued;
+} key_prefetch;
+
+static void key_prefetch_next(key_prefetch *kp) {
+    for (; kp->at < kp->n && kp->issued < ATTEND_AHEAD; kp->at++) {
+        if (!kp->sel[kp->at]) continue;
+        const char *row = (const char *)(kp->base + kp->at * kp->stride);
+        for (int64_t b = 0; b < kp->floats * (int64_t)sizeof(float); b += 64) __builtin_prefetch(row + b, 0, 2);
+        kp->issued++;
+    }
+    kp->issued--; /* the key about to be read was one of them */
+}
+
 void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
                        int64_t heads, int64_t qk, int64_t vdim, const uint8_t *sel, int64_t last, float scaling,
                        float *p, float *out) {
     const int64_t n = last + 1;
     for (int64_t h = 0; h < heads; h++) memset(out + h * vdim, 0, (size_t)vdim * sizeof(float));
     float d[64]; /* a key's heads' scores, up to 64 side by side */
+    key_prefetch kp = {sel, k, k_stride, heads * qk, n, 0, 0};
     for (int64_t t = 0; t < n; t++) {
         if (!sel[t]) continue;
+        key_prefetch_next(&kp);
         for (int64_t h0 = 0; h0 < heads; h0 += 64) {
             const int64_t count = heads - h0 < 64 ? heads - h0 : 64;
             coli_dot_f32_many(q + h0 * qk, qk, k + t * k_stride + h0 * qk, qk, count, qk, scaling, d);
@@ -133,8 +161,10 @@ void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k
         for (int64_t t = 0; t < n; t++) /* each weight as coli_attend_one forms it */
             if (sel[t]) ph[t] = ph[t] / sum;
     }
+    key_prefetch vp = {sel, v, v_stride, heads * vdim, n, 0, 0};
     for (int64_t t = 0; t < n; t++) {
         if (!sel[t]) continue;
+        key_prefetch_next(&vp);
         for (int64_t h = 0; h < heads; h++) coli_axpy_f32(out + h * vdim, p[h * n + t], v + t * v_stride + h * vdim, vdim);
     }
 }
@@ -142,12 +172,14 @@ void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k
 void coli_index_scores(const float *iq, const float *iw, float weight_scale, const float *keys, int64_t heads,
                        int64_t dim, int64_t t0, int64_t t1, coli_scored *sc) {
     const float scale = 1.0f / sqrtf((float)dim);
+    float d[64]; /* a key's heads' scores, up to 64 by one call */
     for (int64_t t = t0; t < t1; t++) {
         const float *key = keys + t * dim;
         float total = 0.0f;
-        for (int64_t h = 0; h < heads; h++) {
-            float d = coli_dot_f32(iq + h * dim, key, dim) * scale;
-            total += (iw[h] * weight_scale) * (d > 0.0f ? d : 0.0f);
+        for (int64_t h0 = 0; h0 < heads; h0 += 64) {
+            const int64_t count = heads - h0 < 64 ? heads - h0 : 64;
+            coli_dot_f32_many(iq + h0 * dim, dim, key, 0, count, dim, scale, d);
+            for (int64_t h = 0; h < count; h++) total += (iw[h0 + h] * weight_scale) * (d[h] > 0.0f ? d[h] : 0.0f);
         }
         sc[t].score = total;
         sc[t].t = t;
