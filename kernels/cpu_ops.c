@@ -562,7 +562,7 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
         const uint8_t *p, const float *scale, int64_t groups, const q4d_x *xd, int64_t cols,                         \
         int64_t t0, const int N, const int64_t per_group, float *out) {                                              \
         const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
-        const __m256i ones = _mm256_set1_epi16(1);                                                                   \
+        const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);          \
         __m256 row[Q4_TOKENS];                                                                                       \
         _Pragma("GCC unroll 4")                                                                                      \
         for (int j = 0; j < N; j++) row[j] = _mm256_setzero_ps();                                                    \
@@ -572,8 +572,10 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
             for (int j = 0; j < N; j++) t[j] = zero;                                                                 \
             for (int64_t blk = g * per_group; blk < (g + 1) * per_group; blk++) {                                    \
                 _mm_prefetch((const char *)(p + blk * 16 + STREAM_AHEAD), _MM_HINT_T0);                              \
-                const __m128i w16 = _mm_loadu_si128((const __m128i *)(p + blk * 16));                                \
-                const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(w16, 4), w16), low4);             \
+                const __m256i w = _mm256_and_si256(                                                                  \
+                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + blk * 16))),  \
+                                      nibble_shift),                                                                 \
+                    low4);                                                                                           \
                 _Pragma("GCC unroll 4")                                                                              \
                 for (int j = 0; j < N; j++) {                                                                        \
                     const int8_t *d = xd->digits + (t0 + j) * cols * 3 + blk * 96;                                   \
