@@ -218,10 +218,10 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 
-/* Bytes ahead of an int4 row's loads that its loops ask the cache for: the hardware's
- * prefetch alone left a thread streaming an int4 matrix from memory at 13.4 GB/s,
- * 14.7 with this (one thread, 32768 x 4096, one token; 512 bytes gave 14.2; int8's
- * loop, twice the bytes a step, gained nothing). */
+/* Bytes ahead of an int4 row's loads that its loops ask the cache for: a thread
+ * streaming int4 rows from memory is short of what the memory gives it with the
+ * hardware's prefetch alone (bench/RESULTS.md); int8's loop, twice the bytes a step,
+ * is not, and has none. */
 #ifndef STREAM_AHEAD
 #define STREAM_AHEAD 1024
 #endif
@@ -722,8 +722,8 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
 
 /* Each row against every token: blocks of tokens through the AVX2 loops above, the
  * rest (and every token without AVX2) one at a time; the same bits either way. A
- * single token's f32 rows stay one at a time: four side by side were faster from the
- * cache and slower from memory (a decode's f32 linears 24.5 -> 27.5 ms a token). */
+ * single token's f32 rows stay one at a time: several rows side by side are several
+ * streams from memory, which it serves slower than one (bench/RESULTS.md). */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
     float out[F32_TOKENS];
