@@ -127,11 +127,9 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
 #define MANY_MAX 3
 static int linears_fwd(model *m, const linear *const *ls, int count, const float *x, int64_t s, float *const *ys,
                        char *err, size_t errlen) {
-    int together = count > 1 && count <= MANY_MAX && m->backend && m->backend->api.matmul_many;
-    for (int i = 0; together && i < count; i++) together = ls[i]->dev && ls[i]->cols == ls[0]->cols;
-    int local = 1;
-    for (int i = 0; i < count; i++) local = local && !ls[i]->dev;
-    if (local && count <= MANY_MAX) {
+    int local = count <= MANY_MAX;
+    for (int i = 0; local && i < count; i++) local = !ls[i]->dev;
+    if (local) {
         const double t0 = coli_now();
         mm_seg segs[MANY_MAX];
         for (int i = 0; i < count; i++) segs[i] = (mm_seg){ls[i], NULL, ls[i]->rows, ls[i]->cols, s, x, ys[i]};
@@ -140,6 +138,8 @@ static int linears_fwd(model *m, const linear *const *ls, int count, const float
         m->phase_seconds[PHASE_LINEARS] += coli_now() - t0;
         return 0;
     }
+    int together = count > 1 && count <= MANY_MAX && m->backend && m->backend->api.matmul_many;
+    for (int i = 0; together && i < count; i++) together = ls[i]->dev && ls[i]->cols == ls[0]->cols;
     if (!together) {
         for (int i = 0; i < count; i++)
             if (linear_fwd(m, ls[i], x, s, ys[i], err, errlen)) return 1;

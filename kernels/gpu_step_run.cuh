@@ -544,6 +544,11 @@ static bool waits_in_kernel(cudaGraphNode_t node) {
            cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess && launched_early(params.func);
 }
 
+/* What programmatic_edges saw in a graph, for COLI_GPU_EDGES=report. */
+struct edge_counts {
+    int64_t edges, programmatic, kernel_to_kernel, waiting;
+};
+
 /* A captured step's units on different streams wait for one another through full
  * dependencies: the later kernel launches only once the earlier has ended and its
  * writes are flushed, a launch's latency added at every such join, while a kernel
@@ -553,9 +558,6 @@ static bool waits_in_kernel(cudaGraphNode_t node) {
  * once each kernel it depends on has started, and still reads nothing before they
  * have ended. Returns how many were changed, or -1 where the graph could not be
  * changed (it is then as captured, or unusable: the caller keeps its own copy). */
-struct edge_counts {
-    int64_t edges, programmatic, kernel_to_kernel, waiting;
-};
 static int64_t programmatic_edges(cudaGraph_t graph, edge_counts *seen) {
     size_t n = 0;
     if (COLI_GRAPH_GET_EDGES(graph, NULL, NULL, NULL, &n) != cudaSuccess) return -1;
