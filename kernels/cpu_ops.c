@@ -213,6 +213,10 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
 #define F32_TOKENS 4
 #define Q8_TOKENS 2 /* four sets of lanes a token */
 #define Q4_TOKENS 4 /* a group's and the row's lanes a token */
+/* Tokens of a pass over a thread's rows: 64 tokens of a 2048-wide x are 512 KiB, half
+ * a Zen 4 core's L2. */
+#define TOKEN_BLOCK 64
+#define Q8_SLICE 256 /* an int8 tile's values a pass: 4 tokens' x 4 KiB */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -417,6 +421,159 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
         float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3])));
         for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * (float)q[k];
         y[j] = sum;
+    }
+}
+
+/* TILE_ROWS rows against F32_TOKENS tokens: their sums side by side, each (row,
+ * token)'s the operations of its single-token loop in its order, so the same bits.
+ * Each row's vector is loaded once for the four tokens and each token's once for the
+ * rows: one row a block has five loads and four sums a step, too few to keep the
+ * adders busy, and a prefill waits on them (bench/RESULTS.md). Four rows' sums need
+ * the 32 registers of AVX-512 (on 256-bit vectors, the same operations); AVX2's 16
+ * hold two rows'. REG: the asm constraint that keeps a token's x in a register, one
+ * load a token rather than one a product. */
+#define F32_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                       \
+    __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
+                                                     int64_t n, float (*y)[F32_TOKENS]) {                            \
+        const float *w = wp;                                                                                         \
+        __m256 acc[TILE_ROWS][F32_TOKENS];                                                                           \
+        _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < F32_TOKENS; j++) acc[r][j] = _mm256_setzero_ps();             \
+        int64_t i = 0;                                                                                               \
+        for (; i + 8 <= n; i += 8) {                                                                                 \
+            __m256 wv[TILE_ROWS];                                                                                    \
+            _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(w + r * cols + i);   \
+            _Pragma("GCC unroll 4") for (int j = 0; j < F32_TOKENS; j++) {                                           \
+                __m256 xv = _mm256_loadu_ps(x + j * stride + i);                                                     \
+                __asm__("" : REG(xv));                                                                               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                          \
+                    acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(xv, wv[r]));                                  \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int r = 0; r < TILE_ROWS; r++)                                                                          \
+            for (int j = 0; j < F32_TOKENS; j++) {                                                                   \
+                float sum = lanes_sum(acc[r][j]);                                                                    \
+                for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * w[r * cols + k];                          \
+                y[r][j] = sum;                                                                                       \
+            }                                                                                                        \
+    }
+
+/* F32_TILE for int8 rows: a step's eight lanes go to one of four sets (the
+ * single-token loop's order), and the sets are independent sums, so each is summed on
+ * its own, one set's (row, token) sums in the registers at a time: four sets would not
+ * fit them. Q8_SLICE values at a time, every set over them before the next, so that
+ * the sets' passes find the slice's x and weights in L1. */
+__attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+
+#define Q8_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                        \
+    __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
+                                                     int64_t n, float (*y)[F32_TOKENS]) {                            \
+        const int8_t *q = wp;                                                                                        \
+        __m256 sets[Q8_SETS][TILE_ROWS][F32_TOKENS], acc[TILE_ROWS][F32_TOKENS];                                     \
+        for (int k = 0; k < Q8_SETS; k++)                                                                            \
+            for (int r = 0; r < TILE_ROWS; r++)                                                                      \
+                for (int j = 0; j < F32_TOKENS; j++) sets[k][r][j] = _mm256_setzero_ps();                            \
+        const int64_t full = n / (8 * Q8_SETS) * (8 * Q8_SETS);                                                      \
+        for (int64_t c0 = 0; c0 < full; c0 += Q8_SLICE) {                                                            \
+            const int64_t c1 = full - c0 < Q8_SLICE ? full : c0 + Q8_SLICE;                                          \
+            for (int k = 0; k < Q8_SETS; k++) {                                                                      \
+                memcpy(acc, sets[k], sizeof acc);                                                                    \
+                for (int64_t i = c0 + 8 * k; i < c1; i += 8 * Q8_SETS) Q8_TILE_STEP(TILE_ROWS, REG, i);              \
+                memcpy(sets[k], acc, sizeof acc);                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+        memcpy(acc, sets[0], sizeof acc); /* set 0 then takes the last 8-blocks */                                   \
+        for (int64_t i = full; i + 8 <= n; i += 8) Q8_TILE_STEP(TILE_ROWS, REG, i);                                  \
+        memcpy(sets[0], acc, sizeof acc);                                                                            \
+        for (int r = 0; r < TILE_ROWS; r++)                                                                          \
+            for (int j = 0; j < F32_TOKENS; j++) {                                                                   \
+                float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(sets[0][r][j], sets[1][r][j]),                     \
+                                                    _mm256_add_ps(sets[2][r][j], sets[3][r][j])));                   \
+                for (int64_t i = n / 8 * 8; i < n; i++) sum += x[j * stride + i] * (float)q[r * cols + i];           \
+                y[r][j] = sum;                                                                                       \
+            }                                                                                                        \
+    }
+#define Q8_TILE_STEP(TILE_ROWS, REG, i)                                                                              \
+    do {                                                                                                             \
+        __m256 wv[TILE_ROWS];                                                                                        \
+        _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) wv[r] = q8_values8(q + r * cols + (i));          \
+        _Pragma("GCC unroll 4") for (int j = 0; j < F32_TOKENS; j++) {                                               \
+            __m256 xv = _mm256_loadu_ps(x + j * stride + (i));                                                      \
+            __asm__("" : REG(xv));                                                                                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                              \
+                acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(xv, wv[r]));                                      \
+        }                                                                                                            \
+    } while (0)
+
+#define IN_YMM(v) "+x"(v)
+#define IN_ANY(v) "+v"(v)
+#define AVX512_TARGET "avx2,avx512f,avx512vl"
+F32_TILE(f32_tile2, "avx2", 2, IN_YMM)
+F32_TILE(f32_tile4, AVX512_TARGET, 4, IN_ANY)
+Q8_TILE(q8_tile2, "avx2", 2, IN_YMM)
+Q8_TILE(q8_tile4, AVX512_TARGET, 4, IN_ANY)
+
+/* A row against F32_TOKENS tokens, and one token, through the one-row loops above,
+ * their weights as rows_tiled_avx2 passes them. */
+__attribute__((target("avx2"))) static void f32_tokens4(const void *w, const float *x, int64_t stride, int64_t n,
+                                                        float *y) {
+    dot_f32_avx2_tokens(w, x, stride, n, y);
+}
+__attribute__((target("avx2"))) static float f32_one(const float *x, const void *w, int64_t n) {
+    return dot_f32_avx2(x, w, n);
+}
+__attribute__((target("avx2"))) static void q8_tokens4(const void *w, const float *x, int64_t stride, int64_t n,
+                                                       float *y) {
+    for (int j = 0; j < F32_TOKENS; j += Q8_TOKENS) dot_q8_avx2_tokens(w, x + j * stride, stride, n, y + j);
+}
+__attribute__((target("avx2"))) static float q8_one(const float *x, const void *w, int64_t n) {
+    return dot_q8_avx2(x, w, n);
+}
+
+/* Rows [r0, r1) against s >= F32_TOKENS tokens, f32 or int8: TOKEN_BLOCK tokens a
+ * pass over the rows, so that their x stays in the core's cache while the rows go by;
+ * `rows` rows and F32_TOKENS tokens a tile, the last rows one by one against four
+ * tokens, the last tokens one by one; y times the row's scale where there is one. */
+typedef struct tiles {
+    void (*tile)(const void *w, int64_t cols, const float *x, int64_t stride, int64_t n, float (*y)[F32_TOKENS]);
+    int rows; /* a tile's, at most 4 */
+    void (*tokens4)(const void *w, const float *x, int64_t stride, int64_t n, float *y);
+    float (*one)(const float *x, const void *w, int64_t n);
+    size_t width; /* bytes a weight */
+} tiles;
+
+static const tiles F32_TILES[2] = {{f32_tile2, 2, f32_tokens4, f32_one, sizeof(float)},
+                                   {f32_tile4, 4, f32_tokens4, f32_one, sizeof(float)}};
+static const tiles Q8_TILES[2] = {{q8_tile2, 2, q8_tokens4, q8_one, sizeof(int8_t)},
+                                  {q8_tile4, 4, q8_tokens4, q8_one, sizeof(int8_t)}};
+
+__attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, const void *w, const float *scale,
+                                                            int64_t rows, int64_t cols, const float *x, int64_t s,
+                                                            float *y, int64_t r0, int64_t r1) {
+    float out[4][F32_TOKENS];
+    const size_t row_bytes = (size_t)cols * tl->width;
+    for (int64_t t0 = 0; t0 < s; t0 += TOKEN_BLOCK) {
+        const int64_t t1 = s - t0 < TOKEN_BLOCK ? s : t0 + TOKEN_BLOCK;
+        for (int64_t r = r0; r < r1;) {
+            const int n_rows = r1 - r >= tl->rows ? tl->rows : 1;
+            const char *wr = (const char *)w + (size_t)r * row_bytes;
+            int64_t t = t0;
+            for (; t + F32_TOKENS <= t1; t += F32_TOKENS) {
+                if (n_rows > 1) tl->tile(wr, cols, x + t * cols, cols, cols, out);
+                else tl->tokens4(wr, x + t * cols, cols, cols, out[0]);
+                for (int q = 0; q < n_rows; q++)
+                    for (int j = 0; j < F32_TOKENS; j++)
+                        y[(t + j) * rows + r + q] = scale ? out[q][j] * scale[r + q] : out[q][j];
+            }
+            for (; t < t1; t++)
+                for (int q = 0; q < n_rows; q++) {
+                    const float v = tl->one(x + t * cols, wr + (size_t)q * row_bytes, cols);
+                    y[t * rows + r + q] = scale ? v * scale[r + q] : v;
+                }
+            r += n_rows;
+        }
     }
 }
 
@@ -726,18 +883,14 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
  * streams from memory, which it serves slower than one (bench/RESULTS.md). */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
-    float out[F32_TOKENS];
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t t = 0;
 #ifdef HAVE_AVX2_PATH
-        for (; use_avx2() && t + F32_TOKENS <= s; t += F32_TOKENS) {
-            dot_f32_avx2_tokens(w + r * cols, x + t * cols, cols, cols, out);
-            for (int j = 0; j < F32_TOKENS; j++) y[(t + j) * rows + r] = out[j];
-        }
-#endif
-        for (; t < s; t++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
+    if (use_avx2() && s >= F32_TOKENS) {
+        rows_tiled_avx2(&F32_TILES[cpu_level() == 2], w, NULL, rows, cols, x, s, y, r0, r1);
+        return;
     }
-    (void)out;
+#endif
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < s; t++) y[t * rows + r] = coli_dot_f32(x + t * cols, w + r * cols, cols);
 }
 
 void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,
@@ -747,19 +900,13 @@ void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int6
         rows_q8_avx2(q, scale, rows, cols, x, y, r0, r1);
         return;
     }
-#endif
-    float out[Q8_TOKENS];
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t t = 0;
-#ifdef HAVE_AVX2_PATH
-        for (; use_avx2() && t + Q8_TOKENS <= s; t += Q8_TOKENS) {
-            dot_q8_avx2_tokens(q + r * cols, x + t * cols, cols, cols, out);
-            for (int j = 0; j < Q8_TOKENS; j++) y[(t + j) * rows + r] = out[j] * scale[r];
-        }
-#endif
-        for (; t < s; t++) y[t * rows + r] = dot_q8(x + t * cols, q + r * cols, cols) * scale[r];
+    if (use_avx2() && s >= F32_TOKENS) {
+        rows_tiled_avx2(&Q8_TILES[cpu_level() == 2], q, scale, rows, cols, x, s, y, r0, r1);
+        return;
     }
-    (void)out;
+#endif
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < s; t++) y[t * rows + r] = dot_q8(x + t * cols, q + r * cols, cols) * scale[r];
 }
 
 void coli_matmul_q4_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
