@@ -787,6 +787,81 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
 Q4D_ROW(row_q4d_avx2, "avx2", DOT_AVX2)
 Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
 
+/* Groups of 32 (the engine's), TILE_ROWS rows against Q4_TOKENS tokens of xd from t0:
+ * each row's unpacked weights used for the four tokens and each token's digits and
+ * bias lanes for the rows, each (row, token) the operations of NAME##_n in its order.
+ * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
+ * (bench/RESULTS.md), so AVX2 keeps NAME##_n. */
+#define Q4D_TILE(NAME, TARGET, DOT, TILE_ROWS)                                                                       \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t cols,             \
+                                                     int64_t groups, const q4d_x *xd, int64_t t0,                     \
+                                                     float (*out)[Q4_TOKENS]) {                                      \
+        const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
+        const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);          \
+        __m256 row[TILE_ROWS][Q4_TOKENS];                                                                            \
+        _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < Q4_TOKENS; j++) row[r][j] = _mm256_setzero_ps();              \
+        for (int64_t g = 0; g < groups; g++) {                                                                       \
+            __m256i w[TILE_ROWS];                                                                                    \
+            __m256 sg[TILE_ROWS];                                                                                    \
+            _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) {                                            \
+                const uint8_t *pr = p + r * cols / 2 + g * 16;                                                       \
+                _mm_prefetch((const char *)(pr + STREAM_AHEAD), _MM_HINT_T0);                                        \
+                w[r] = _mm256_and_si256(                                                                             \
+                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pr)), nibble_shift), \
+                    low4);                                                                                           \
+                sg[r] = _mm256_set1_ps(scale[r * groups + g]);                                                       \
+            }                                                                                                        \
+            _Pragma("GCC unroll 4") for (int j = 0; j < Q4_TOKENS; j++) {                                            \
+                const int8_t *d = xd->digits + (t0 + j) * cols * 3 + g * 96;                                         \
+                const __m256i da = _mm256_loadu_si256((const __m256i *)d);                                            \
+                const __m256i db = _mm256_loadu_si256((const __m256i *)(d + 32));                                     \
+                const __m256i dc = _mm256_loadu_si256((const __m256i *)(d + 64));                                     \
+                const __m256i lanes = _mm256_loadu_si256((const __m256i *)(xd->bias + ((t0 + j) * groups + g) * 8)); \
+                _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) {                                        \
+                    const __m256i a = DOT(zero, w[r], da, ones);                                                     \
+                    const __m256i ab = DOT(_mm256_slli_epi32(a, 8), w[r], db, ones);                                 \
+                    const __m256i t = _mm256_add_epi32(zero, DOT(_mm256_slli_epi32(ab, 8), w[r], dc, ones));         \
+                    row[r][j] = _mm256_add_ps(row[r][j],                                                             \
+                                              _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(t, lanes)), sg[r])); \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int r = 0; r < TILE_ROWS; r++)                                                                          \
+            for (int j = 0; j < Q4_TOKENS; j++) out[r][j] = lanes_sum(row[r][j]) * xd->sc[t0 + j].step;              \
+    }
+Q4D_TILE(q4d_tile_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI, 4)
+
+/* Rows [r0, r1) of groups of 32 against s tokens on VNNI: TOKEN_BLOCK tokens a pass
+ * over the rows, tiles of four rows and four tokens, the last rows and tokens through
+ * row_q4d_vnni's loop. */
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static void rows_q4d_tiled_vnni(
+    const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, const q4d_x *xd, int64_t s, float *y,
+    int64_t r0, int64_t r1) {
+    const int64_t groups = cols / 32;
+    float out[4][Q4_TOKENS];
+    for (int64_t t0 = 0; t0 < s; t0 += TOKEN_BLOCK) {
+        const int64_t t1 = s - t0 < TOKEN_BLOCK ? s : t0 + TOKEN_BLOCK;
+        for (int64_t r = r0; r < r1;) {
+            const int n_rows = r1 - r >= 4 ? 4 : 1;
+            const uint8_t *pr = packed + r * cols / 2;
+            int64_t t = t0;
+            for (; t + Q4_TOKENS <= t1; t += Q4_TOKENS) {
+                if (n_rows > 1) q4d_tile_vnni(pr, scale + r * groups, cols, groups, xd, t, out);
+                else row_q4d_vnni_n(pr, scale + r * groups, groups, xd, cols, t, Q4_TOKENS, 1, out[0]);
+                for (int q = 0; q < n_rows; q++)
+                    for (int j = 0; j < Q4_TOKENS; j++) y[(t + j) * rows + r + q] = out[q][j];
+            }
+            for (; t < t1; t++)
+                for (int q = 0; q < n_rows; q++) {
+                    row_q4d_vnni_n(pr + q * cols / 2, scale + (r + q) * groups, groups, xd, cols, t, 1, 1, out[0]);
+                    y[t * rows + r + q] = out[0][0];
+                }
+            r += n_rows;
+        }
+    }
+}
+
 /* The loops this CPU runs: 2 AVX-512 VNNI (its byte products; AVX2 elsewhere), 1
  * AVX2, 0 portable. COLI_CPU_PORTABLE=1 forces 0, COLI_CPU_LOOPS=avx2 at most 1
  * (tests compare every level's bits). */
@@ -822,7 +897,9 @@ static void q4d_rows(const uint8_t *packed, const float *scale, int64_t rows, in
 #ifdef HAVE_AVX2_PATH
     q4d_x xd;
     if (use_avx2() && q4d_prepare(&xd, x, s, cols, group)) {
-        if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
+        if (cpu_level() == 2 && group == 32 && s >= Q4_TOKENS)
+            rows_q4d_tiled_vnni(packed, scale, rows, cols, &xd, s, y, r0, r1);
+        else if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
         else row_q4d_avx2(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
         q4d_release(&xd);
         return;
