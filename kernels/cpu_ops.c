@@ -433,17 +433,17 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
  * hold two rows'. REG: the asm constraint that keeps a token's x in a register, one
  * load a token rather than one a product. */
 #define F32_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                       \
-    __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
-                                                     int64_t n, float (*y)[F32_TOKENS]) {                            \
-        const float *w = wp;                                                                                         \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
+        const float *w, int64_t cols, const float *x, int64_t stride, int64_t n, float (*y)[F32_TOKENS],             \
+        const int NT) {                                                                                              \
         __m256 acc[TILE_ROWS][F32_TOKENS];                                                                           \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
-            _Pragma("GCC unroll 4") for (int j = 0; j < F32_TOKENS; j++) acc[r][j] = _mm256_setzero_ps();             \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();                     \
         int64_t i = 0;                                                                                               \
         for (; i + 8 <= n; i += 8) {                                                                                 \
             __m256 wv[TILE_ROWS];                                                                                    \
             _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(w + r * cols + i);   \
-            _Pragma("GCC unroll 4") for (int j = 0; j < F32_TOKENS; j++) {                                           \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                                   \
                 __m256 xv = _mm256_loadu_ps(x + j * stride + i);                                                     \
                 __asm__("" : REG(xv));                                                                               \
                 _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                          \
@@ -451,30 +451,34 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
             }                                                                                                        \
         }                                                                                                            \
         for (int r = 0; r < TILE_ROWS; r++)                                                                          \
-            for (int j = 0; j < F32_TOKENS; j++) {                                                                   \
+            for (int j = 0; j < NT; j++) {                                                                           \
                 float sum = lanes_sum(acc[r][j]);                                                                    \
                 for (int64_t k = i; k < n; k++) sum += x[j * stride + k] * w[r * cols + k];                          \
                 y[r][j] = sum;                                                                                       \
             }                                                                                                        \
-    }
+    }                                                                                                                \
+    TILE_OF_NT(NAME, TARGET, float)
 
 /* F32_TILE for int8 rows: a step's eight lanes go to one of four sets (the
  * single-token loop's order), and the sets are independent sums, so each is summed on
  * its own, one set's (row, token) sums in the registers at a time: four sets would not
  * fit them. Q8_SLICE values at a time, every set over them before the next, so that
- * the sets' passes find the slice's x and weights in L1. */
+ * the sets' passes find the slice's x and weights in L1. Four tokens only: with fewer,
+ * the sets' trips through memory cost more than the one-row loops (bench/RESULTS.md). */
 __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
 
 #define Q8_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                        \
     __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
-                                                     int64_t n, float (*y)[F32_TOKENS]) {                            \
+                                                     int64_t n, int nt, float (*y)[F32_TOKENS]) {                    \
         const int8_t *q = wp;                                                                                        \
+        const int NT = F32_TOKENS;                                                                                   \
+        (void)nt;                                                                                                    \
         __m256 sets[Q8_SETS][TILE_ROWS][F32_TOKENS], acc[TILE_ROWS][F32_TOKENS];                                     \
         for (int k = 0; k < Q8_SETS; k++)                                                                            \
             for (int r = 0; r < TILE_ROWS; r++)                                                                      \
-                for (int j = 0; j < F32_TOKENS; j++) sets[k][r][j] = _mm256_setzero_ps();                            \
+                for (int j = 0; j < NT; j++) sets[k][r][j] = _mm256_setzero_ps();                                    \
         const int64_t full = n / (8 * Q8_SETS) * (8 * Q8_SETS);                                                      \
         for (int64_t c0 = 0; c0 < full; c0 += Q8_SLICE) {                                                            \
             const int64_t c1 = full - c0 < Q8_SLICE ? full : c0 + Q8_SLICE;                                          \
@@ -488,7 +492,7 @@ __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q)
         for (int64_t i = full; i + 8 <= n; i += 8) Q8_TILE_STEP(TILE_ROWS, REG, i);                                  \
         memcpy(sets[0], acc, sizeof acc);                                                                            \
         for (int r = 0; r < TILE_ROWS; r++)                                                                          \
-            for (int j = 0; j < F32_TOKENS; j++) {                                                                   \
+            for (int j = 0; j < NT; j++) {                                                                           \
                 float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(sets[0][r][j], sets[1][r][j]),                     \
                                                     _mm256_add_ps(sets[2][r][j], sets[3][r][j])));                   \
                 for (int64_t i = n / 8 * 8; i < n; i++) sum += x[j * stride + i] * (float)q[r * cols + i];           \
@@ -499,13 +503,24 @@ __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q)
     do {                                                                                                             \
         __m256 wv[TILE_ROWS];                                                                                        \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) wv[r] = q8_values8(q + r * cols + (i));          \
-        _Pragma("GCC unroll 4") for (int j = 0; j < F32_TOKENS; j++) {                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                                       \
             __m256 xv = _mm256_loadu_ps(x + j * stride + (i));                                                      \
             __asm__("" : REG(xv));                                                                                   \
             _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                              \
                 acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(xv, wv[r]));                                      \
         }                                                                                                            \
     } while (0)
+/* A tile's function for 1 to F32_TOKENS tokens, each count its own unrolled loop. */
+#define TILE_OF_NT(NAME, TARGET, T)                                                                                  \
+    __attribute__((target(TARGET))) static void NAME(const void *w, int64_t cols, const float *x, int64_t stride,    \
+                                                     int64_t n, int nt, float (*y)[F32_TOKENS]) {                    \
+        switch (nt) {                                                                                                \
+        case 1: NAME##_nt((const T *)w, cols, x, stride, n, y, 1); break;                                            \
+        case 2: NAME##_nt((const T *)w, cols, x, stride, n, y, 2); break;                                            \
+        case 3: NAME##_nt((const T *)w, cols, x, stride, n, y, 3); break;                                            \
+        default: NAME##_nt((const T *)w, cols, x, stride, n, y, F32_TOKENS);                                         \
+        }                                                                                                            \
+    }
 
 #define IN_YMM(v) "+x"(v)
 #define IN_ANY(v) "+v"(v)
@@ -532,22 +547,25 @@ __attribute__((target("avx2"))) static float q8_one(const float *x, const void *
     return dot_q8_avx2(x, w, n);
 }
 
-/* Rows [r0, r1) against s >= F32_TOKENS tokens, f32 or int8: TOKEN_BLOCK tokens a
- * pass over the rows, so that their x stays in the core's cache while the rows go by;
- * `rows` rows and F32_TOKENS tokens a tile, the last rows one by one against four
- * tokens, the last tokens one by one; y times the row's scale where there is one. */
+/* Rows [r0, r1) against s >= 2 tokens, f32 or int8: TOKEN_BLOCK tokens a pass over
+ * the rows, so that their x stays in the core's cache while the rows go by; `rows`
+ * rows and up to F32_TOKENS tokens a tile, the last rows one by one (four tokens
+ * through the one-row loop, the rest one by one); y times the row's scale where there
+ * is one. */
 typedef struct tiles {
-    void (*tile)(const void *w, int64_t cols, const float *x, int64_t stride, int64_t n, float (*y)[F32_TOKENS]);
-    int rows; /* a tile's, at most 4 */
+    void (*tile)(const void *w, int64_t cols, const float *x, int64_t stride, int64_t n, int nt,
+                 float (*y)[F32_TOKENS]);
+    int rows;    /* a tile's, at most 4 */
+    int partial; /* whether `tile` takes fewer than F32_TOKENS tokens */
     void (*tokens4)(const void *w, const float *x, int64_t stride, int64_t n, float *y);
     float (*one)(const float *x, const void *w, int64_t n);
     size_t width; /* bytes a weight */
 } tiles;
 
-static const tiles F32_TILES[2] = {{f32_tile2, 2, f32_tokens4, f32_one, sizeof(float)},
-                                   {f32_tile4, 4, f32_tokens4, f32_one, sizeof(float)}};
-static const tiles Q8_TILES[2] = {{q8_tile2, 2, q8_tokens4, q8_one, sizeof(int8_t)},
-                                  {q8_tile4, 4, q8_tokens4, q8_one, sizeof(int8_t)}};
+static const tiles F32_TILES[2] = {{f32_tile2, 2, 1, f32_tokens4, f32_one, sizeof(float)},
+                                   {f32_tile4, 4, 1, f32_tokens4, f32_one, sizeof(float)}};
+static const tiles Q8_TILES[2] = {{q8_tile2, 2, 0, q8_tokens4, q8_one, sizeof(int8_t)},
+                                  {q8_tile4, 4, 0, q8_tokens4, q8_one, sizeof(int8_t)}};
 
 __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, const void *w, const float *scale,
                                                             int64_t rows, int64_t cols, const float *x, int64_t s,
@@ -559,19 +577,20 @@ __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, con
         for (int64_t r = r0; r < r1;) {
             const int n_rows = r1 - r >= tl->rows ? tl->rows : 1;
             const char *wr = (const char *)w + (size_t)r * row_bytes;
-            int64_t t = t0;
-            for (; t + F32_TOKENS <= t1; t += F32_TOKENS) {
-                if (n_rows > 1) tl->tile(wr, cols, x + t * cols, cols, cols, out);
-                else tl->tokens4(wr, x + t * cols, cols, cols, out[0]);
+            for (int64_t t = t0; t < t1;) {
+                const int nt = t1 - t < F32_TOKENS ? (int)(t1 - t) : F32_TOKENS;
+                if (n_rows > 1 && (nt == F32_TOKENS || tl->partial))
+                    tl->tile(wr, cols, x + t * cols, cols, cols, nt, out);
+                else if (nt == F32_TOKENS) tl->tokens4(wr, x + t * cols, cols, cols, out[0]);
+                else
+                    for (int q = 0; q < n_rows; q++)
+                        for (int j = 0; j < nt; j++)
+                            out[q][j] = tl->one(x + (t + j) * cols, wr + (size_t)q * row_bytes, cols);
                 for (int q = 0; q < n_rows; q++)
-                    for (int j = 0; j < F32_TOKENS; j++)
+                    for (int j = 0; j < nt; j++)
                         y[(t + j) * rows + r + q] = scale ? out[q][j] * scale[r + q] : out[q][j];
+                t += nt;
             }
-            for (; t < t1; t++)
-                for (int q = 0; q < n_rows; q++) {
-                    const float v = tl->one(x + t * cols, wr + (size_t)q * row_bytes, cols);
-                    y[t * rows + r + q] = scale ? v * scale[r + q] : v;
-                }
             r += n_rows;
         }
     }
@@ -793,14 +812,14 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
  * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
  * (bench/RESULTS.md), so AVX2 keeps NAME##_n. */
 #define Q4D_TILE(NAME, TARGET, DOT, TILE_ROWS)                                                                       \
-    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t cols,             \
-                                                     int64_t groups, const q4d_x *xd, int64_t t0,                     \
-                                                     float (*out)[Q4_TOKENS]) {                                      \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
+        const uint8_t *p, const float *scale, int64_t cols, int64_t groups, const q4d_x *xd, int64_t t0,             \
+        float (*out)[Q4_TOKENS], const int NT) {                                                                     \
         const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
         const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);          \
         __m256 row[TILE_ROWS][Q4_TOKENS];                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
-            _Pragma("GCC unroll 4") for (int j = 0; j < Q4_TOKENS; j++) row[r][j] = _mm256_setzero_ps();              \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) row[r][j] = _mm256_setzero_ps();              \
         for (int64_t g = 0; g < groups; g++) {                                                                       \
             __m256i w[TILE_ROWS];                                                                                    \
             __m256 sg[TILE_ROWS];                                                                                    \
@@ -808,11 +827,12 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
                 const uint8_t *pr = p + r * cols / 2 + g * 16;                                                       \
                 _mm_prefetch((const char *)(pr + STREAM_AHEAD), _MM_HINT_T0);                                        \
                 w[r] = _mm256_and_si256(                                                                             \
-                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pr)), nibble_shift), \
+                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pr)),           \
+                                      nibble_shift),                                                                 \
                     low4);                                                                                           \
                 sg[r] = _mm256_set1_ps(scale[r * groups + g]);                                                       \
             }                                                                                                        \
-            _Pragma("GCC unroll 4") for (int j = 0; j < Q4_TOKENS; j++) {                                            \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                            \
                 const int8_t *d = xd->digits + (t0 + j) * cols * 3 + g * 96;                                         \
                 const __m256i da = _mm256_loadu_si256((const __m256i *)d);                                            \
                 const __m256i db = _mm256_loadu_si256((const __m256i *)(d + 32));                                     \
@@ -828,12 +848,22 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
             }                                                                                                        \
         }                                                                                                            \
         for (int r = 0; r < TILE_ROWS; r++)                                                                          \
-            for (int j = 0; j < Q4_TOKENS; j++) out[r][j] = lanes_sum(row[r][j]) * xd->sc[t0 + j].step;              \
+            for (int j = 0; j < NT; j++) out[r][j] = lanes_sum(row[r][j]) * xd->sc[t0 + j].step;                     \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scale, int64_t cols,             \
+                                                     int64_t groups, const q4d_x *xd, int64_t t0, int nt,            \
+                                                     float (*out)[Q4_TOKENS]) {                                      \
+        switch (nt) {                                                                                                \
+        case 1: NAME##_nt(p, scale, cols, groups, xd, t0, out, 1); break;                                            \
+        case 2: NAME##_nt(p, scale, cols, groups, xd, t0, out, 2); break;                                            \
+        case 3: NAME##_nt(p, scale, cols, groups, xd, t0, out, 3); break;                                            \
+        default: NAME##_nt(p, scale, cols, groups, xd, t0, out, Q4_TOKENS);                                          \
+        }                                                                                                            \
     }
 Q4D_TILE(q4d_tile_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI, 4)
 
-/* Rows [r0, r1) of groups of 32 against s tokens on VNNI: TOKEN_BLOCK tokens a pass
- * over the rows, tiles of four rows and four tokens, the last rows and tokens through
+/* Rows [r0, r1) of groups of 32 against s >= 2 tokens on VNNI: TOKEN_BLOCK tokens a
+ * pass over the rows, tiles of four rows and up to four tokens, the last rows through
  * row_q4d_vnni's loop. */
 __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static void rows_q4d_tiled_vnni(
     const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, const q4d_x *xd, int64_t s, float *y,
@@ -845,18 +875,17 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static void rows_q4d
         for (int64_t r = r0; r < r1;) {
             const int n_rows = r1 - r >= 4 ? 4 : 1;
             const uint8_t *pr = packed + r * cols / 2;
-            int64_t t = t0;
-            for (; t + Q4_TOKENS <= t1; t += Q4_TOKENS) {
-                if (n_rows > 1) q4d_tile_vnni(pr, scale + r * groups, cols, groups, xd, t, out);
-                else row_q4d_vnni_n(pr, scale + r * groups, groups, xd, cols, t, Q4_TOKENS, 1, out[0]);
+            for (int64_t t = t0; t < t1;) {
+                const int nt = t1 - t < Q4_TOKENS ? (int)(t1 - t) : Q4_TOKENS;
+                const float *sr = scale + r * groups;
+                if (n_rows > 1) q4d_tile_vnni(pr, sr, cols, groups, xd, t, nt, out);
+                else if (nt == Q4_TOKENS) row_q4d_vnni_n(pr, sr, groups, xd, cols, t, Q4_TOKENS, 1, out[0]);
+                else
+                    for (int j = 0; j < nt; j++) row_q4d_vnni_n(pr, sr, groups, xd, cols, t + j, 1, 1, out[0] + j);
                 for (int q = 0; q < n_rows; q++)
-                    for (int j = 0; j < Q4_TOKENS; j++) y[(t + j) * rows + r + q] = out[q][j];
+                    for (int j = 0; j < nt; j++) y[(t + j) * rows + r + q] = out[q][j];
+                t += nt;
             }
-            for (; t < t1; t++)
-                for (int q = 0; q < n_rows; q++) {
-                    row_q4d_vnni_n(pr + q * cols / 2, scale + (r + q) * groups, groups, xd, cols, t, 1, 1, out[0]);
-                    y[t * rows + r + q] = out[0][0];
-                }
             r += n_rows;
         }
     }
@@ -897,7 +926,7 @@ static void q4d_rows(const uint8_t *packed, const float *scale, int64_t rows, in
 #ifdef HAVE_AVX2_PATH
     q4d_x xd;
     if (use_avx2() && q4d_prepare(&xd, x, s, cols, group)) {
-        if (cpu_level() == 2 && group == 32 && s >= Q4_TOKENS)
+        if (cpu_level() == 2 && group == 32 && s >= 2)
             rows_q4d_tiled_vnni(packed, scale, rows, cols, &xd, s, y, r0, r1);
         else if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
         else row_q4d_avx2(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
@@ -961,7 +990,7 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
 #ifdef HAVE_AVX2_PATH
-    if (use_avx2() && s >= F32_TOKENS) {
+    if (use_avx2() && s >= 2) {
         rows_tiled_avx2(&F32_TILES[cpu_level() == 2], w, NULL, rows, cols, x, s, y, r0, r1);
         return;
     }
