@@ -4,9 +4,9 @@
         --model tiny=tests/fixtures/models/glm_tiny --model large=/tmp/large --threads 2 --out bench/results/x.json
 
 Runs with the oracle environment (tools/oracle/requirements.txt: torch, transformers).
-For each model: teacher forcing over 32 positions and greedy decode of 32 tokens
-after a 12-token prompt; the engine at f32, int8 and int4 and transformers at
-float32; medians of --repeat runs (with --baseline, the two builds' runs taken in
+For each model: teacher forcing over 32 and 256 positions (--positions) and greedy
+decode of 32 tokens after a 12-token prompt; the engine at f32, int8 and int4 and
+transformers at float32; medians of --repeat runs (with --baseline, the two builds' runs taken in
 turn); the engine's peak RSS (/usr/bin/time) against
 the size of the weights. In the same run, bench/read_bandwidth.c measures what the
 engine's threads can stream, and each decode figure is given as a share of the
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROMPT, DECODE, POSITIONS = 12, 32, 32
+PROMPT, DECODE = 12, 32
 
 
 def engine(coli: Path, model: Path, args: list[str], threads: int) -> tuple[dict[str, Any], int]:
@@ -49,22 +49,24 @@ def read_bandwidth(threads: int) -> dict[str, Any]:
 
 
 def bench_engine(
-    builds: list[Path], model: Path, ids: list[int], threads: int, repeat: int, bandwidth: float
+    builds: list[Path], model: Path, ids: list[int], positions: list[int], threads: int, repeat: int, bandwidth: float
 ) -> list[dict[str, Any]]:
     """Each build's figures; with several builds, each run of one is followed by the same run
     of the next, so that a machine that drifts during the run favours none."""
     outs: list[dict[str, Any]] = [{} for _ in builds]
-    joined, prompt = ",".join(map(str, ids)), ",".join(map(str, ids[:PROMPT]))
+    prompt = ",".join(map(str, ids[:PROMPT]))
     for quant in ("f32", "int8", "int4"):
-        tf: list[list[float]] = [[] for _ in builds]
+        tf: list[dict[int, list[float]]] = [{p: [] for p in positions} for _ in builds]
         gen: list[list[float]] = [[] for _ in builds]
         rss: list[list[int]] = [[] for _ in builds]
         per_token = 0.0
         for _ in range(repeat):
-            for b, coli in enumerate(builds):
-                d, kb = engine(coli, model, ["--ids", joined, "--teacher-force", "--quant", quant], threads)
-                tf[b].append(d["tokens_per_second"])
-                rss[b].append(kb)
+            for p in positions:
+                joined = ",".join(map(str, ids[:p]))
+                for b, coli in enumerate(builds):
+                    d, kb = engine(coli, model, ["--ids", joined, "--teacher-force", "--quant", quant], threads)
+                    tf[b][p].append(d["tokens_per_second"])
+                    rss[b].append(kb)
             for b, coli in enumerate(builds):
                 d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
                 gen[b].append(d["decode_tokens_per_second"])
@@ -73,7 +75,7 @@ def bench_engine(
         limit = bandwidth / per_token
         for b in range(len(builds)):
             outs[b][quant] = {
-                "teacher_forcing_tokens_per_second": statistics.median(tf[b]),
+                "teacher_forcing_tokens_per_second": {str(p): statistics.median(v) for p, v in tf[b].items()},
                 "decode_tokens_per_second": statistics.median(gen[b]),
                 "token_read_bytes": per_token,
                 "decode_limit_tokens_per_second": limit,
@@ -83,21 +85,24 @@ def bench_engine(
     return outs
 
 
-def bench_transformers(model: Path, ids: list[int], threads: int, repeat: int) -> dict[str, Any]:
+def bench_transformers(model: Path, ids: list[int], positions: list[int], threads: int, repeat: int) -> dict[str, Any]:
     import torch
     from transformers import GlmMoeDsaForCausalLM
 
     torch.set_num_threads(threads)
     m = GlmMoeDsaForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    x = torch.tensor([ids])
     p = torch.tensor([ids[:PROMPT]])
-    tf, gen = [], []
+    tf: dict[int, list[float]] = {n: [] for n in positions}
+    gen = []
     with torch.no_grad():
-        m(x)  # warm-up
+        for n in positions:
+            m(torch.tensor([ids[:n]]))  # warm-up
         for _ in range(repeat):
-            t = time.perf_counter()
-            m(x)
-            tf.append(POSITIONS / (time.perf_counter() - t))
+            for n in positions:
+                x = torch.tensor([ids[:n]])
+                t = time.perf_counter()
+                m(x)
+                tf[n].append(n / (time.perf_counter() - t))
             t = time.perf_counter()
             m.generate(p, max_new_tokens=1, do_sample=False)
             first = time.perf_counter() - t
@@ -106,7 +111,7 @@ def bench_transformers(model: Path, ids: list[int], threads: int, repeat: int) -
             total = time.perf_counter() - t
             gen.append((DECODE - 1) / (total - first))
     return {
-        "teacher_forcing_tokens_per_second": statistics.median(tf),
+        "teacher_forcing_tokens_per_second": {str(n): statistics.median(v) for n, v in tf.items()},
         "decode_tokens_per_second": statistics.median(gen),
         "versions": f"transformers {__import__('transformers').__version__}, torch {torch.__version__}",
     }
@@ -118,6 +123,7 @@ def main() -> None:
     ap.add_argument("--model", action="append", required=True, help="name=DIR")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--positions", default="32,256", help="teacher forcing lengths, comma-separated")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--baseline", type=Path, help="another coli build, run beside --coli in the same run")
     ap.add_argument("--engine-only", action="store_true", help="leave transformers out (no oracle environment)")
@@ -130,25 +136,28 @@ def main() -> None:
         "models": {},
     }
     bandwidth = results["read_bandwidth"]["read_GBps"] * 1e9
+    positions = [int(p) for p in args.positions.split(",")]
     for spec in args.model:
         name, path = spec.split("=", 1)
         model = Path(path)
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         rng = random.Random(1)
-        ids = [rng.randrange(2, vocab) for _ in range(POSITIONS)]
+        ids = [rng.randrange(2, vocab) for _ in range(max(positions))]
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         builds = [args.coli, *([args.baseline] if args.baseline else [])]
-        engines = bench_engine(builds, model, ids, args.threads, args.repeat, bandwidth)
+        engines = bench_engine(builds, model, ids, positions, args.threads, args.repeat, bandwidth)
         eng = engines[0]
         row: dict[str, Any] = {"weights_bytes": weights, "engine": eng}
         if args.baseline:
             row["baseline"] = engines[1]
         row["peak_rss_over_weights_f32"] = eng["f32"]["peak_rss_bytes"] / weights
         if not args.engine_only:
-            hf = row["transformers"] = bench_transformers(model, ids, args.threads, args.repeat)
+            hf = row["transformers"] = bench_transformers(model, ids, positions, args.threads, args.repeat)
             row["decode_speedup_f32"] = eng["f32"]["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
             tf_key = "teacher_forcing_tokens_per_second"
-            row["tf_speedup_f32"] = eng["f32"][tf_key] / hf[tf_key]
+            row["tf_speedup"] = {
+                q: {p: eng[q][tf_key][p] / hf[tf_key][p] for p in hf[tf_key]} for q in ("f32", "int8", "int4")
+            }
         results["models"][name] = row
         print(json.dumps({name: row}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)

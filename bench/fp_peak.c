@@ -1,0 +1,142 @@
+/* The arithmetic ceiling of this machine's cores for the CPU path's loops: 256-bit
+ * multiply-then-add (what the f32 and int8 loops do: no FMA, so every CPU level gives
+ * the portable loops' bits), fused multiply-add (what a BLAS does, for comparison), and
+ * VNNI byte dot products (int4's digits), each on 8 independent sums of 8 distinct
+ * products held in registers, on every thread at once. A prefill that needs more than this cannot be
+ * had whatever its memory traffic (bench/RESULTS.md).
+ *
+ *     gcc -std=c11 -O2 -pthread bench/fp_peak.c -o /tmp/fp_peak && /tmp/fp_peak --threads 2
+ *
+ * Prints one JSON object: per mode the median over --repeat runs of all threads'
+ * operations a second (GFLOP/s counting a multiply and an add as two; for VNNI, byte
+ * multiply-adds). */
+#define _POSIX_C_SOURCE 200809L
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define STEPS 30000000L /* each of 8 sums a step */
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+#define SUMS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define DECLARE(i) __m256 c##i = _mm256_set1_ps((float)(i));
+#define DECLARE_I(i) __m256i c##i = _mm256_set1_epi32(i);
+#define FOLD(i) sum = _mm256_add_ps(sum, c##i);
+#define FOLD_I(i) sumi = _mm256_add_epi32(sumi, c##i);
+
+/* Sum i takes a[i / 2] times b or b2: 8 distinct products a step, which the asm makes
+ * opaque to the compiler each step, so that it can neither hoist nor share them. */
+#define OPERANDS(T, SET, A, B)                                                                                       \
+    T a0 = SET(A), a1 = SET(A + 1), a2 = SET(A + 2), a3 = SET(A + 3), b = SET(B), b2 = SET(B + 1)
+#define OPAQUE(R) __asm__("" : R(a0), R(a1), R(a2), R(a3), R(b), R(b2))
+#define A(i) ((i) / 2 == 0 ? a0 : (i) / 2 == 1 ? a1 : (i) / 2 == 2 ? a2 : a3)
+#define X_REG(v) "+x"(v)
+#define V_REG(v) "+v"(v)
+#define SET_PS(v) _mm256_set1_ps(1.0f + 1e-7f * (float)(v))
+#define SET_EPI8(v) _mm256_set1_epi8((char)(v))
+
+__attribute__((target("avx2"))) static float mul_add(void) {
+    OPERANDS(__m256, SET_PS, 1, 10);
+    SUMS(DECLARE)
+    for (long s = 0; s < STEPS; s++) {
+        OPAQUE(X_REG);
+#define STEP(i) c##i = _mm256_add_ps(c##i, _mm256_mul_ps(A(i), (i)&1 ? b : b2));
+        SUMS(STEP)
+#undef STEP
+    }
+    __m256 sum = _mm256_setzero_ps();
+    SUMS(FOLD)
+    return _mm256_cvtss_f32(sum);
+}
+
+__attribute__((target("avx2,fma"))) static float fused(void) {
+    OPERANDS(__m256, SET_PS, 1, 10);
+    SUMS(DECLARE)
+    for (long s = 0; s < STEPS; s++) {
+        OPAQUE(X_REG);
+#define STEP(i) c##i = _mm256_fmadd_ps(A(i), (i)&1 ? b : b2, c##i);
+        SUMS(STEP)
+#undef STEP
+    }
+    __m256 sum = _mm256_setzero_ps();
+    SUMS(FOLD)
+    return _mm256_cvtss_f32(sum);
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static float vnni(void) {
+    OPERANDS(__m256i, SET_EPI8, 1, 10);
+    SUMS(DECLARE_I)
+    for (long s = 0; s < STEPS; s++) {
+        OPAQUE(V_REG);
+#define STEP(i) c##i = _mm256_dpbusd_epi32(c##i, A(i), (i)&1 ? b : b2);
+        SUMS(STEP)
+#undef STEP
+    }
+    __m256i sumi = _mm256_setzero_si256();
+    SUMS(FOLD_I)
+    return (float)_mm256_extract_epi32(sumi, 0);
+}
+
+typedef struct mode {
+    const char *name;
+    float (*run)(void);
+    double ops_per_step; /* all 8 sums' operations a step */
+} mode;
+
+static const mode MODES[] = {
+    {"mul_add_gflops", mul_add, 8 * 8 * 2},
+    {"fma_gflops", fused, 8 * 8 * 2},
+    {"vnni_giga_byte_macs", vnni, 8 * 32},
+};
+
+static void *thread_main(void *arg) {
+    const mode *m = arg;
+    volatile float sink = m->run();
+    (void)sink;
+    return NULL;
+}
+
+static int cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    int threads = 1, repeat = 3;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = atoi(argv[++i]);
+        else return fprintf(stderr, "usage: fp_peak [--threads N] [--repeat N]\n"), 2;
+    }
+    if (threads < 1 || threads > 256 || repeat < 1 || repeat > 100)
+        return fprintf(stderr, "fp_peak: --threads must be 1-256 and --repeat 1-100\n"), 2;
+    __builtin_cpu_init();
+    printf("{\"threads\": %d", threads);
+    for (size_t k = 0; k < sizeof MODES / sizeof MODES[0]; k++) {
+        const mode *m = &MODES[k];
+        if (m->run == vnni && !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))) continue;
+        if (m->run == fused && !__builtin_cpu_supports("fma")) continue;
+        double rates[100];
+        for (int r = 0; r < repeat; r++) {
+            pthread_t tid[256];
+            const double t0 = now();
+            for (int t = 0; t < threads; t++)
+                if (pthread_create(&tid[t], NULL, thread_main, (void *)m) != 0)
+                    return fprintf(stderr, "fp_peak: cannot start thread %d\n", t), 1;
+            for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+            rates[r] = m->ops_per_step * (double)STEPS * threads / (now() - t0) / 1e9;
+        }
+        qsort(rates, (size_t)repeat, sizeof rates[0], cmp);
+        printf(", \"%s\": %.1f", m->name, rates[repeat / 2]);
+    }
+    printf("}\n");
+    return 0;
+}
