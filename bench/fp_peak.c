@@ -112,12 +112,16 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
     int threads = 1, repeat = 3;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = atoi(argv[++i]);
-        else return fprintf(stderr, "usage: fp_peak [--threads N] [--repeat N]\n"), 2;
+        const int known = strcmp(argv[i], "--threads") == 0 || strcmp(argv[i], "--repeat") == 0;
+        char *end = NULL;
+        const long v = known && i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+        if (!known || i + 1 >= argc || *end || v < 1 || v > (argv[i][2] == 't' ? 256 : 100))
+            return fprintf(stderr, "fp_peak: %s %s: want --threads 1..256 --repeat 1..100\n", argv[i],
+                           i + 1 < argc ? argv[i + 1] : "(missing)"),
+                   2;
+        *(argv[i][2] == 't' ? &threads : &repeat) = (int)v;
+        i++;
     }
-    if (threads < 1 || threads > 256 || repeat < 1 || repeat > 100)
-        return fprintf(stderr, "fp_peak: --threads must be 1-256 and --repeat 1-100\n"), 2;
     __builtin_cpu_init();
     printf("{\"threads\": %d", threads);
     for (size_t k = 0; k < sizeof MODES / sizeof MODES[0]; k++) {
