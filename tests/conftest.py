@@ -105,6 +105,14 @@ def compile_ok(argv: list[str], cwd: Path | None = None) -> None:
     assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"
 
 
+def build_bench_probe(name: str, out_dir: Path) -> Path:
+    """bench/<name>.c built warning-free, as its header says to build it."""
+    exe = out_dir / name
+    compile_ok(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
+                str(ROOT / f"bench/{name}.c"), "-o", str(exe)])  # fmt: skip
+    return exe
+
+
 # -O1, as sanitizer users build: -O0 runs the engine several times slower and finds nothing more
 SANITIZE = ["-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
 

@@ -10,15 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, compile_ok
+from tests.conftest import build_bench_probe
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    exe = tmp_path_factory.mktemp("probe") / "read_bandwidth"
-    compile_ok(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
-                str(ROOT / "bench/read_bandwidth.c"), "-o", str(exe)])  # fmt: skip
-    return exe
+    return build_bench_probe("read_bandwidth", tmp_path_factory.mktemp("probe"))
 
 
 def test_the_probe_reports_the_median_pass(probe: Path) -> None:
