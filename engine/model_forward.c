@@ -258,22 +258,46 @@ fail:
     return 1;
 }
 
-static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, float *u, float *out, float *shared,
-               char *err, size_t errlen) {
+/* A forward's routed-expert buffers, for n tokens: made once for all its layers, since
+ * a prefill's are megabytes, and fresh ones a layer cost a page fault every 4 KiB. */
+typedef struct moe_bufs {
+    int32_t *idx;
+    int64_t *members, *first;
+    float *w, *logits, *xin, *eg, *eu, *eo, *wt;
+    mm_seg *segs;
+} moe_bufs;
+
+static void moe_bufs_free(moe_bufs *b) {
+    free(b->idx); free(b->members); free(b->first); free(b->w); free(b->logits); free(b->xin); free(b->eg);
+    free(b->eu); free(b->eo); free(b->wt); free(b->segs);
+}
+
+/* Non-zero, with nothing held, where there is no memory for them. */
+static int moe_bufs_alloc(const model_config *c, int64_t n, moe_bufs *b) {
+    const int64_t H = c->hidden, I = c->moe_intermediate, E = c->experts, P = n * c->experts_per_tok;
+    b->idx = malloc((size_t)P * sizeof *b->idx);
+    b->members = malloc((size_t)P * sizeof *b->members), b->first = malloc((size_t)(E + 1) * sizeof *b->first);
+    b->w = malloc((size_t)P * sizeof *b->w), b->logits = malloc((size_t)(n * E) * sizeof *b->logits);
+    b->xin = malloc((size_t)(P * H) * sizeof *b->xin), b->eg = malloc((size_t)(P * I) * sizeof *b->eg);
+    b->eu = malloc((size_t)(P * I) * sizeof *b->eu), b->eo = malloc((size_t)(P * H) * sizeof *b->eo);
+    b->wt = malloc((size_t)P * sizeof *b->wt);
+    b->segs = malloc((size_t)(2 * E) * sizeof *b->segs);
+    if (b->idx && b->members && b->first && b->w && b->logits && b->xin && b->eg && b->eu && b->eo && b->wt && b->segs)
+        return 0;
+    moe_bufs_free(b);
+    *b = (moe_bufs){0};
+    return 1;
+}
+
+static int moe(model *m, const layer *ly, const float *h, int64_t n, moe_bufs *b, float *g, float *u, float *out,
+               float *shared, char *err, size_t errlen) {
     const model_config *c = &m->c;
-    const int64_t H = c->hidden, I = c->moe_intermediate, K = c->experts_per_tok, E = c->experts, P = n * K;
-    int32_t *idx = malloc((size_t)P * sizeof *idx);
-    int64_t *members = malloc((size_t)P * sizeof *members), *first = malloc((size_t)(E + 1) * sizeof *first);
-    float *w = malloc((size_t)P * sizeof *w), *logits = malloc((size_t)(n * E) * sizeof *logits);
-    float *xin = malloc((size_t)(P * H) * sizeof *xin), *eg = malloc((size_t)(P * I) * sizeof *eg);
-    float *eu = malloc((size_t)(P * I) * sizeof *eu), *eo = malloc((size_t)(P * H) * sizeof *eo);
-    float *wt = malloc((size_t)P * sizeof *wt);
-    mm_seg *segs = malloc((size_t)(2 * E) * sizeof *segs);
+    const int64_t H = c->hidden, I = c->moe_intermediate, K = c->experts_per_tok, E = c->experts;
+    int32_t *idx = b->idx;
+    int64_t *members = b->members, *first = b->first;
+    float *w = b->w, *logits = b->logits, *xin = b->xin, *eg = b->eg, *eu = b->eu, *eo = b->eo, *wt = b->wt;
+    mm_seg *segs = b->segs;
     int rc = 1;
-    if (!idx || !members || !first || !w || !logits || !xin || !eg || !eu || !eo || !wt || !segs) {
-        snprintf(err, errlen, "out of memory in the MoE layer");
-        goto done;
-    }
     TRY(mlp(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, h, n, g, u, shared, err, errlen));
     const double t0 = coli_now();
     matmul_f32(m, ly->router, E, H, h, n, logits);
@@ -318,10 +342,7 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, float *g, f
     m->phase_seconds[PHASE_ROUTED_EXPERTS] += coli_now() - t0;
     for (int64_t i = 0; i < n * H; i++) out[i] += shared[i];
     rc = 0;
-done:
 fail:
-    free(idx); free(members); free(first); free(w); free(logits); free(xin); free(eg); free(eu); free(eo); free(wt);
-    free(segs);
     return rc;
 }
 
@@ -356,8 +377,11 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
     float *g = malloc((size_t)(n * inter) * sizeof(float)), *u = malloc((size_t)(n * inter) * sizeof(float));
     float *sh = malloc((size_t)(n * H) * sizeof(float));
     unsigned char *sel = malloc((size_t)(n * total));
+    moe_bufs mb = {0};
+    int sparse = 0;
+    for (int64_t l = 0; l < c->layers; l++) sparse |= c->mlp_sparse[l];
     if (!x || !h || !qa || !qr || !q || !ckv || !kvn || !kv || !att || !o || !iq || !ik || !iw || !g || !u || !sh ||
-        !sel) {
+        !sel || (sparse && moe_bufs_alloc(c, n, &mb))) {
         snprintf(err, errlen, "out of memory for %lld tokens", (long long)n);
         goto done;
     }
@@ -424,7 +448,7 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
         TRY(linear_fwd(m, &ly->o, att, n, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
         for (int64_t s = 0; s < n; s++) coli_rmsnorm(x + s * H, ly->post_norm, H, (float)c->rms_eps, h + s * H);
-        if (c->mlp_sparse[l]) TRY(moe(m, ly, h, n, g, u, o, sh, err, errlen));
+        if (c->mlp_sparse[l]) TRY(moe(m, ly, h, n, &mb, g, u, o, sh, err, errlen));
         else TRY(mlp(m, &ly->gate, &ly->up, &ly->down, h, n, g, u, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
     }
@@ -436,6 +460,7 @@ done:
 fail:
     free(x); free(h); free(qa); free(qr); free(q); free(ckv); free(kvn); free(kv); free(att); free(o);
     free(iq); free(ik); free(iw); free(g); free(u); free(sh); free(sel);
+    moe_bufs_free(&mb);
     return rc;
 }
 
