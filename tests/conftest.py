@@ -105,11 +105,11 @@ def compile_ok(argv: list[str], cwd: Path | None = None) -> None:
     assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"
 
 
-def build_bench_probe(name: str, out_dir: Path) -> Path:
-    """bench/<name>.c built warning-free, as its header says to build it."""
+def build_bench_probe(name: str, out_dir: Path, *extra: str) -> Path:
+    """bench/<name>.c (with `extra` sources and flags) built warning-free, as its header says."""
     exe = out_dir / name
     compile_ok(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
-                str(ROOT / f"bench/{name}.c"), "-o", str(exe)])  # fmt: skip
+                str(ROOT / f"bench/{name}.c"), *extra, "-o", str(exe)])  # fmt: skip
     return exe
 
 
