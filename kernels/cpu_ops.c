@@ -438,7 +438,7 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
         const int NT) {                                                                                              \
         __m256 acc[TILE_ROWS][F32_TOKENS];                                                                           \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
-            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();                     \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();                    \
         int64_t i = 0;                                                                                               \
         for (; i + 8 <= n; i += 8) {                                                                                 \
             __m256 wv[TILE_ROWS];                                                                                    \
@@ -504,7 +504,7 @@ __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q)
         __m256 wv[TILE_ROWS];                                                                                        \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) wv[r] = q8_values8(q + r * cols + (i));          \
         _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                                       \
-            __m256 xv = _mm256_loadu_ps(x + j * stride + (i));                                                      \
+            __m256 xv = _mm256_loadu_ps(x + j * stride + (i));                                                       \
             __asm__("" : REG(xv));                                                                                   \
             _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                              \
                 acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(xv, wv[r]));                                      \
@@ -816,10 +816,10 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
         const uint8_t *p, const float *scale, int64_t cols, int64_t groups, const q4d_x *xd, int64_t t0,             \
         float (*out)[Q4_TOKENS], const int NT) {                                                                     \
         const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
-        const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);          \
+        const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);         \
         __m256 row[TILE_ROWS][Q4_TOKENS];                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
-            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) row[r][j] = _mm256_setzero_ps();              \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) row[r][j] = _mm256_setzero_ps();                    \
         for (int64_t g = 0; g < groups; g++) {                                                                       \
             __m256i w[TILE_ROWS];                                                                                    \
             __m256 sg[TILE_ROWS];                                                                                    \
@@ -827,21 +827,21 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
                 const uint8_t *pr = p + r * cols / 2 + g * 16;                                                       \
                 _mm_prefetch((const char *)(pr + STREAM_AHEAD), _MM_HINT_T0);                                        \
                 w[r] = _mm256_and_si256(                                                                             \
-                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pr)),           \
+                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pr)),             \
                                       nibble_shift),                                                                 \
                     low4);                                                                                           \
                 sg[r] = _mm256_set1_ps(scale[r * groups + g]);                                                       \
             }                                                                                                        \
-            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                            \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                                   \
                 const int8_t *d = xd->digits + (t0 + j) * cols * 3 + g * 96;                                         \
-                const __m256i da = _mm256_loadu_si256((const __m256i *)d);                                            \
-                const __m256i db = _mm256_loadu_si256((const __m256i *)(d + 32));                                     \
-                const __m256i dc = _mm256_loadu_si256((const __m256i *)(d + 64));                                     \
+                const __m256i da = _mm256_loadu_si256((const __m256i *)d);                                           \
+                const __m256i db = _mm256_loadu_si256((const __m256i *)(d + 32));                                    \
+                const __m256i dc = _mm256_loadu_si256((const __m256i *)(d + 64));                                    \
                 const __m256i lanes = _mm256_loadu_si256((const __m256i *)(xd->bias + ((t0 + j) * groups + g) * 8)); \
                 _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) {                                        \
                     const __m256i a = DOT(zero, w[r], da, ones);                                                     \
                     const __m256i ab = DOT(_mm256_slli_epi32(a, 8), w[r], db, ones);                                 \
-                    const __m256i t = _mm256_add_epi32(zero, DOT(_mm256_slli_epi32(ab, 8), w[r], dc, ones));         \
+                    const __m256i t = DOT(_mm256_slli_epi32(ab, 8), w[r], dc, ones);                                 \
                     row[r][j] = _mm256_add_ps(row[r][j],                                                             \
                                               _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(t, lanes)), sg[r])); \
                 }                                                                                                    \
@@ -983,10 +983,11 @@ static float row_q4(const float *x, const uint8_t *p, const float *scale, int64_
     return row_q4_portable(x, p, scale, groups, group);
 }
 
-/* Each row against every token: blocks of tokens through the AVX2 loops above, the
- * rest (and every token without AVX2) one at a time; the same bits either way. A
- * single token's f32 rows stay one at a time: several rows side by side are several
- * streams from memory, which it serves slower than one (bench/RESULTS.md). */
+/* Each row against every token: several tokens through the tiles above, a single
+ * token (and every token without AVX2) one row at a time; the same bits either way. A
+ * single token's rows stay one at a time: several rows side by side are several
+ * streams from memory, which it serves slower than one, and a decode reads each
+ * weight once (bench/RESULTS.md). */
 void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y,
                           int64_t r0, int64_t r1) {
 #ifdef HAVE_AVX2_PATH
