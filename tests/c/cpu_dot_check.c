@@ -1,11 +1,11 @@
 /* The CPU matmuls (kernels/cpu_ops.c) on random inputs of odd sizes: tails, one row,
  * one column, groups of 2 to 128, 1 to 9 rows, 1 to 9 tokens and now and then 65 to
  * 73 (past a pass's 64); int4 against x as integers with x scaled by 2^-110, an inf
- * or NaN, zeros; and attention over several heads at once (coli_attend_heads)
- * against one head at a time (coli_attend_one), bit for bit. Prints the loops that
- * ran and a hash of every output's bits, so that two runs (the vector loops, and
- * COLI_CPU_PORTABLE=1) can be compared bit for bit; each output is also checked
- * against a double-precision sum. */
+ * or NaN, zeros; attention over several heads at once (coli_attend_heads) against
+ * one head at a time (coli_attend_one), and the indexer's scores against one dot at
+ * a time, bit for bit. Prints the loops that ran and a hash of every output's bits,
+ * so that two runs (the vector loops, and COLI_CPU_PORTABLE=1) can be compared bit
+ * for bit; each output is also checked against a double-precision sum. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -132,6 +132,36 @@ int main(void) {
         }
         mix(all, heads * vd);
         free(q), free(k), free(v), free(p), free(one), free(all), free(sel);
+    }
+    /* the indexer's scores (its heads' queries against blocks of keys as one matmul)
+     * against each key's heads one dot at a time, bit for bit: past a block of keys and
+     * past 64 heads */
+    for (int it = 0; it < 200; it++) {
+        const int64_t heads = 1 + rand() % 70, dim = 1 + rand() % 80, n = 1 + rand() % 300, t0 = rand() % n;
+        float *iq = malloc(sizeof(float) * (size_t)(heads * dim)), *keys = malloc(sizeof(float) * (size_t)(n * dim));
+        float *iw = malloc(sizeof(float) * (size_t)heads), *got = malloc(sizeof(float) * (size_t)n);
+        coli_scored *sc = malloc(sizeof *sc * (size_t)n);
+        if (!iq || !keys || !iw || !got || !sc) return fprintf(stderr, "out of memory\n"), 2;
+        for (int64_t i = 0; i < heads * dim; i++) iq[i] = rnd();
+        for (int64_t i = 0; i < n * dim; i++) keys[i] = rnd();
+        for (int64_t h = 0; h < heads; h++) iw[h] = rnd();
+        coli_index_scores(iq, iw, 0.75f, keys, heads, dim, t0, n, sc);
+        const float scale = 1.0f / sqrtf((float)dim);
+        for (int64_t t = t0; t < n; t++) {
+            float want = 0.0f;
+            for (int64_t h = 0; h < heads; h++) {
+                const float d = coli_dot_f32(iq + h * dim, keys + t * dim, dim) * scale;
+                want += (iw[h] * 0.75f) * (d > 0.0f ? d : 0.0f);
+            }
+            if (sc[t].t != t || memcmp(&sc[t].score, &want, sizeof want)) {
+                printf("MISMATCH indexer scores heads %lld dim %lld key %lld: %.9g, not %.9g\n", (long long)heads,
+                       (long long)dim, (long long)t, sc[t].score, want);
+                return 1;
+            }
+            got[t] = sc[t].score;
+        }
+        mix(got + t0, n - t0);
+        free(iq), free(keys), free(iw), free(got), free(sc);
     }
     /* the quantisers round as lroundf does (halves away from zero), then clamp: rows whose
      * largest value makes the scale exactly 1, holding halves, values just below them,

@@ -465,8 +465,9 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     this machine's every SIMD level: AVX-512 VNNI (int4's byte products), AVX2 and the
     portable loops. int4 against x as integers also at x * 2^-110, with an inf or NaN
     and with zeros. Attention over
-    several heads in one walk of the keys gives one head at a time's bits, and the
-    quantisers round halves away from zero as lroundf does."""
+    several heads in one walk of the keys gives one head at a time's bits, the
+    indexer's scores those of one dot at a time, and the quantisers round halves away
+    from zero as lroundf does."""
     exe = tmp_path / "cpu_dot_check"
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}"]
     sources = [str(ROOT / s) for s in ("tests/c/cpu_dot_check.c", "kernels/cpu_ops.c", "kernels/cpu_model_ops.c")]
