@@ -30,7 +30,7 @@ static inline int clamp_round(float v, int lo, int hi) {
     return (int)r;
 }
 
-void coli_quantize_q8(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scale) {
+static void quantize_q8_portable(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scale) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = w + r * cols;
         float m = max_abs(row, cols);
@@ -40,8 +40,8 @@ void coli_quantize_q8(const float *w, int64_t rows, int64_t cols, int8_t *q, flo
     }
 }
 
-void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *packed,
-                      float *scale) {
+static void quantize_q4_portable(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *packed,
+                                 float *scale) {
     int64_t groups = cols / group;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t g = 0; g < groups; g++) {
@@ -907,7 +907,102 @@ static int cpu_level(void) {
     return cached;
 }
 static int use_avx2(void) { return cpu_level() >= 1; }
+/* The quantisers' loops 8 values at a time: max_abs and clamp_round's very operations
+ * (a division, the truncation, the step away from zero), so the same bytes; a block
+ * holding a value at or past 2^23 (or a NaN) goes value by value, as clamp_round does.
+ * A large model's load was mostly their divisions. */
+__attribute__((target("avx2"))) static float max_abs_avx2(const float *v, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), m); /* NaN: m */
+    float l[8], best = 0.0f;
+    _mm256_storeu_ps(l, m);
+    for (int k = 0; k < 8; k++)
+        if (l[k] > best) best = l[k];
+    for (; i < n; i++) {
+        const float a = fabsf(v[i]);
+        if (a > best) best = a;
+    }
+    return best;
+}
+
+/* clamp_round(v[k] / sc, lo, hi) into out[k] for 8 values, or 0 where one of them is
+ * at or past 2^23 or a NaN (the caller rounds those 8 one at a time). */
+__attribute__((target("avx2"))) static int round8_avx2(const float *v, float sc, float lo, float hi, int32_t *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(v), _mm256_set1_ps(sc));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, x), _mm256_set1_ps(8388608.0f), _CMP_NLT_UQ)))
+        return 0;
+    const __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 away = _mm256_and_ps(
+        _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(x, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ),
+        _mm256_set1_ps(1.0f));
+    const __m256 r = _mm256_add_ps(t, _mm256_or_ps(away, _mm256_and_ps(x, sign))); /* t + copysignf(away, x) */
+    const __m256 c = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+    _mm256_storeu_si256((__m256i *)out, _mm256_cvttps_epi32(c));
+    return 1;
+}
+
+__attribute__((target("avx2"))) static void quantize_q8_avx2(const float *w, int64_t rows, int64_t cols, int8_t *q,
+                                                              float *scale) {
+    int32_t v8[8];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = w + r * cols;
+        const float m = max_abs_avx2(row, cols), sc = m > 0.0f ? m / 127.0f : 1.0f;
+        int8_t *qr = q + r * cols;
+        scale[r] = sc;
+        int64_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            if (round8_avx2(row + c, sc, -127.0f, 127.0f, v8))
+                for (int k = 0; k < 8; k++) qr[c + k] = (int8_t)v8[k];
+            else
+                for (int k = 0; k < 8; k++) qr[c + k] = (int8_t)clamp_round(row[c + k] / sc, -127, 127);
+        }
+        for (; c < cols; c++) qr[c] = (int8_t)clamp_round(row[c] / sc, -127, 127);
+    }
+}
+
+/* Groups of a multiple of 8 values (the engine's 32). */
+__attribute__((target("avx2"))) static void quantize_q4_avx2(const float *w, int64_t rows, int64_t cols,
+                                                              int32_t group, uint8_t *packed, float *scale) {
+    const int64_t groups = cols / group;
+    int32_t v8[8];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *v = w + r * cols + g * group;
+            const float m = max_abs_avx2(v, group), sc = m > 0.0f ? m / 7.0f : 1.0f;
+            uint8_t *p = packed + (r * cols + g * group) / 2;
+            scale[r * groups + g] = sc;
+            for (int32_t i = 0; i < group; i += 8) {
+                if (!round8_avx2(v + i, sc, -8.0f, 7.0f, v8))
+                    for (int k = 0; k < 8; k++) v8[k] = clamp_round(v[i + k] / sc, -8, 7);
+                for (int k = 0; k < 8; k += 2) p[(i + k) / 2] = (uint8_t)((v8[k] + 8) | ((v8[k + 1] + 8) << 4));
+            }
+        }
+}
 #endif
+
+void coli_quantize_q8(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scale) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        quantize_q8_avx2(w, rows, cols, q, scale);
+        return;
+    }
+#endif
+    quantize_q8_portable(w, rows, cols, q, scale);
+}
+
+void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *packed, float *scale) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2() && group % 8 == 0) {
+        quantize_q4_avx2(w, rows, cols, group, packed, scale);
+        return;
+    }
+#endif
+    quantize_q4_portable(w, rows, cols, group, packed, scale);
+}
+
 
 const char *coli_cpu_loops(void) {
 #ifdef HAVE_AVX2_PATH
