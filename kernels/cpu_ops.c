@@ -635,6 +635,9 @@ typedef struct q4d_x {
     q4d_scale *sc;   /* [s] */
 } q4d_x;
 
+/* The largest |x[i]|, NaNs passed over as max_abs passes them (the quantisers take it
+ * for their scale); where `bad`, also whether an inf or a NaN is there (x's digits take
+ * that instead of the max). */
 __attribute__((target("avx2"))) static float abs_max_avx2(const float *x, int64_t n, int *bad) {
     const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
     __m256 m = _mm256_setzero_ps(), wrong = m;
@@ -642,17 +645,18 @@ __attribute__((target("avx2"))) static float abs_max_avx2(const float *x, int64_
     for (; i + 8 <= n; i += 8) {
         const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
         wrong = _mm256_or_ps(wrong, _mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* inf or NaN */
-        m = _mm256_max_ps(m, a);
+        m = _mm256_max_ps(a, m);                                         /* a NaN: m */
     }
     float l[8], max = 0.0f;
     _mm256_storeu_ps(l, m);
-    *bad = _mm256_movemask_ps(wrong) != 0;
+    int any_wrong = _mm256_movemask_ps(wrong) != 0;
     for (int k = 0; k < 8; k++) max = l[k] > max ? l[k] : max;
     for (; i < n; i++) {
         const float a = fabsf(x[i]);
-        if (!(a <= FLT_MAX)) *bad = 1;
-        else if (a > max) max = a;
+        any_wrong |= !(a <= FLT_MAX);
+        if (a > max) max = a;
     }
+    if (bad) *bad = any_wrong;
     return max;
 }
 
@@ -907,26 +911,10 @@ static int cpu_level(void) {
     return cached;
 }
 static int use_avx2(void) { return cpu_level() >= 1; }
-/* The quantisers' loops 8 values at a time: max_abs and clamp_round's very operations
- * (a division, the truncation, the step away from zero), so the same bytes; a block
- * holding a value at or past 2^23 (or a NaN) goes value by value, as clamp_round does.
- * A large model's load was mostly their divisions. */
-__attribute__((target("avx2"))) static float max_abs_avx2(const float *v, int64_t n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)), m); /* NaN: m */
-    float l[8], best = 0.0f;
-    _mm256_storeu_ps(l, m);
-    for (int k = 0; k < 8; k++)
-        if (l[k] > best) best = l[k];
-    for (; i < n; i++) {
-        const float a = fabsf(v[i]);
-        if (a > best) best = a;
-    }
-    return best;
-}
-
+/* The quantisers' loops 8 values at a time: max_abs's result (abs_max_avx2) and
+ * clamp_round's very operations (a division, the truncation, the step away from zero),
+ * so the same bytes; a block holding a value at or past 2^23 (or a NaN) goes value by
+ * value, as clamp_round does. A large model's load was mostly their divisions. */
 /* clamp_round(v[k] / sc, lo, hi) into out[k] for 8 values, or 0 where one of them is
  * at or past 2^23 or a NaN (the caller rounds those 8 one at a time). */
 __attribute__((target("avx2"))) static int round8_avx2(const float *v, float sc, float lo, float hi, int32_t *out) {
@@ -949,7 +937,7 @@ __attribute__((target("avx2"))) static void quantize_q8_avx2(const float *w, int
     int32_t v8[8];
     for (int64_t r = 0; r < rows; r++) {
         const float *row = w + r * cols;
-        const float m = max_abs_avx2(row, cols), sc = m > 0.0f ? m / 127.0f : 1.0f;
+        const float m = abs_max_avx2(row, cols, NULL), sc = m > 0.0f ? m / 127.0f : 1.0f;
         int8_t *qr = q + r * cols;
         scale[r] = sc;
         int64_t c = 0;
@@ -971,7 +959,7 @@ __attribute__((target("avx2"))) static void quantize_q4_avx2(const float *w, int
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
             const float *v = w + r * cols + g * group;
-            const float m = max_abs_avx2(v, group), sc = m > 0.0f ? m / 7.0f : 1.0f;
+            const float m = abs_max_avx2(v, group, NULL), sc = m > 0.0f ? m / 7.0f : 1.0f;
             uint8_t *p = packed + (r * cols + g * group) / 2;
             scale[r * groups + g] = sc;
             for (int32_t i = 0; i < group; i += 8) {
