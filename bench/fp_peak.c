@@ -26,11 +26,12 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-#define SUMS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-#define DECLARE(i) __m256 c##i = _mm256_set1_ps((float)(i));
-#define DECLARE_I(i) __m256i c##i = _mm256_set1_epi32(i);
-#define FOLD(i) sum = _mm256_add_ps(sum, c##i);
-#define FOLD_I(i) sumi = _mm256_add_epi32(sumi, c##i);
+#define SUMS(X, ...)                                                                                                 \
+    X(0, __VA_ARGS__) X(1, __VA_ARGS__) X(2, __VA_ARGS__) X(3, __VA_ARGS__) X(4, __VA_ARGS__) X(5, __VA_ARGS__)      \
+    X(6, __VA_ARGS__) X(7, __VA_ARGS__)
+#define DECLARE(i, T, SET) T c##i = SET(i);
+#define STEP(i, OP) c##i = OP(c##i, A(i), (i)&1 ? b : b2);
+#define FOLD(i, ADD) sum = ADD(sum, c##i);
 
 /* Sum i takes a[i / 2] times b or b2: 8 distinct products a step, which the asm makes
  * opaque to the compiler each step, so that it can neither hoist nor share them. */
@@ -43,47 +44,28 @@ static double now(void) {
 #define SET_PS(v) _mm256_set1_ps(1.0f + 1e-7f * (float)(v))
 #define SET_EPI8(v) _mm256_set1_epi8((char)(v))
 
-__attribute__((target("avx2"))) static float mul_add(void) {
-    OPERANDS(__m256, SET_PS, 1, 10);
-    SUMS(DECLARE)
-    for (long s = 0; s < STEPS; s++) {
-        OPAQUE(X_REG);
-#define STEP(i) c##i = _mm256_add_ps(c##i, _mm256_mul_ps(A(i), (i)&1 ? b : b2));
-        SUMS(STEP)
-#undef STEP
+/* A mode's loop: T its vectors, OP(sum, a, b) a step of one sum, ADD and FIRST what
+ * folds the sums into one value (kept, so that the loop is not dropped). */
+#define PEAK(NAME, TARGET, T, SET, REG, OP, ADD, FIRST)                                                              \
+    __attribute__((target(TARGET))) static float NAME(void) {                                                       \
+        OPERANDS(T, SET, 1, 10);                                                                                     \
+        SUMS(DECLARE, T, SET)                                                                                        \
+        for (long s = 0; s < STEPS; s++) {                                                                           \
+            OPAQUE(REG);                                                                                             \
+            SUMS(STEP, OP)                                                                                           \
+        }                                                                                                            \
+        T sum = SET(0);                                                                                              \
+        SUMS(FOLD, ADD)                                                                                              \
+        return FIRST(sum);                                                                                           \
     }
-    __m256 sum = _mm256_setzero_ps();
-    SUMS(FOLD)
-    return _mm256_cvtss_f32(sum);
-}
-
-__attribute__((target("avx2,fma"))) static float fused(void) {
-    OPERANDS(__m256, SET_PS, 1, 10);
-    SUMS(DECLARE)
-    for (long s = 0; s < STEPS; s++) {
-        OPAQUE(X_REG);
-#define STEP(i) c##i = _mm256_fmadd_ps(A(i), (i)&1 ? b : b2, c##i);
-        SUMS(STEP)
-#undef STEP
-    }
-    __m256 sum = _mm256_setzero_ps();
-    SUMS(FOLD)
-    return _mm256_cvtss_f32(sum);
-}
-
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static float vnni(void) {
-    OPERANDS(__m256i, SET_EPI8, 1, 10);
-    SUMS(DECLARE_I)
-    for (long s = 0; s < STEPS; s++) {
-        OPAQUE(V_REG);
-#define STEP(i) c##i = _mm256_dpbusd_epi32(c##i, A(i), (i)&1 ? b : b2);
-        SUMS(STEP)
-#undef STEP
-    }
-    __m256i sumi = _mm256_setzero_si256();
-    SUMS(FOLD_I)
-    return (float)_mm256_extract_epi32(sumi, 0);
-}
+#define MUL_ADD(c, a, b) _mm256_add_ps(c, _mm256_mul_ps(a, b))
+#define FUSED(c, a, b) _mm256_fmadd_ps(a, b, c)
+#define DPBUSD(c, a, b) _mm256_dpbusd_epi32(c, a, b)
+#define FIRST_PS(v) _mm256_cvtss_f32(v)
+#define FIRST_EPI32(v) ((float)_mm256_extract_epi32(v, 0))
+PEAK(mul_add, "avx2", __m256, SET_PS, X_REG, MUL_ADD, _mm256_add_ps, FIRST_PS)
+PEAK(fused, "avx2,fma", __m256, SET_PS, X_REG, FUSED, _mm256_add_ps, FIRST_PS)
+PEAK(vnni, "avx2,avx512f,avx512vl,avx512vnni", __m256i, SET_EPI8, V_REG, DPBUSD, _mm256_add_epi32, FIRST_EPI32)
 
 typedef struct mode {
     const char *name;
