@@ -105,6 +105,14 @@ def compile_ok(argv: list[str], cwd: Path | None = None) -> None:
     assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"
 
 
+def refusal_line(exe: Path, args: list[str]) -> str:
+    """The one line a bench probe refuses bad settings with (exit 2, nothing on stdout)."""
+    proc = subprocess.run([str(exe), *args], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    return line
+
+
 def build_bench_probe(name: str, out_dir: Path, *extra: str) -> Path:
     """bench/<name>.c (with `extra` sources and flags) built warning-free, as its header says."""
     exe = out_dir / name

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, build_bench_probe
+from tests.conftest import ROOT, build_bench_probe, refusal_line
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,5 @@ def test_the_bench_times_a_matmul(bench: Path, fmt: str) -> None:
     "args", [["--rows", "0"], ["--cols", "33", "--rows", "2", "--format", "int4"], ["--format", "int3"], ["--rows"]]
 )
 def test_bad_settings_are_one_line_and_exit_2(bench: Path, args: list[str]) -> None:
-    proc = subprocess.run([str(bench), *args], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stdout == ""
-    (line,) = proc.stderr.splitlines()
+    line = refusal_line(bench, args)
     assert line.startswith("cpu_matmul: --") and "want --rows and --cols 1..65536" in line
