@@ -737,12 +737,11 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
  * sums put together as (256 a + b) 256 + c, each plane's DOT adding into the sum
  * before it shifted (exact: int32 wraps, and the true sum fits), less the bias
  * lanes, then the group's float lanes. */
-#define Q4D_ROW(NAME, TARGET, DOT)                                                                                   \
+#define Q4D_ROW(NAME, TARGET, DOT, UNPACK)                                                                                 \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                      \
         const uint8_t *p, const float *scale, int64_t groups, const q4d_x *xd, int64_t cols,                         \
         int64_t t0, const int N, const int64_t per_group, float *out) {                                              \
-        const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
-        const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);          \
+        const __m256i zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);                                    \
         __m256 row[Q4_TOKENS];                                                                                       \
         _Pragma("GCC unroll 4")                                                                                      \
         for (int j = 0; j < N; j++) row[j] = _mm256_setzero_ps();                                                    \
@@ -752,10 +751,7 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
             for (int j = 0; j < N; j++) t[j] = zero;                                                                 \
             for (int64_t blk = g * per_group; blk < (g + 1) * per_group; blk++) {                                    \
                 _mm_prefetch((const char *)(p + blk * 16 + STREAM_AHEAD), _MM_HINT_T0);                              \
-                const __m256i w = _mm256_and_si256(                                                                  \
-                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + blk * 16))),  \
-                                      nibble_shift),                                                                 \
-                    low4);                                                                                           \
+                const __m256i w = UNPACK(p + blk * 16);                                                              \
                 _Pragma("GCC unroll 4")                                                                              \
                 for (int j = 0; j < N; j++) {                                                                        \
                     const int8_t *d = xd->digits + (t0 + j) * cols * 3 + blk * 96;                                   \
@@ -807,20 +803,35 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
 
 #define DOT_AVX2(acc, w, d, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, d), ones))
 #define DOT_VNNI(acc, w, d, ones) ((void)(ones), _mm256_dpbusd_epi32(acc, w, d))
-Q4D_ROW(row_q4d_avx2, "avx2", DOT_AVX2)
-Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
+/* A 32's 16 bytes as its 32 stored values, the low nibbles then the high: the 16 bytes
+ * in both halves, then a shift of the upper half and a mask; or, with GFNI, one affine
+ * map a byte (its matrix a 64-bit lane: the low nibble in the lower half, the high in
+ * the upper), the same values in one operation of the dozen a 32 takes. */
+#define TARGET_VNNI "avx2,avx512f,avx512vl,avx512vnni"
+#define TARGET_GFNI TARGET_VNNI ",gfni"
+#define BYTES16_TWICE(q) _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q)))
+#define UNPACK_SHIFT(q)                                                                                              \
+    _mm256_and_si256(_mm256_srlv_epi32(BYTES16_TWICE(q), _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),                 \
+                     _mm256_set1_epi8(0x0F))
+#define NIBBLE_LOW 0x0102040800000000LL  /* result bit i <- byte bit i, i < 4 */
+#define NIBBLE_HIGH 0x1020408000000000LL /* result bit i <- byte bit i + 4, i < 4 */
+#define UNPACK_GFNI(q)                                                                                               \
+    _mm256_gf2p8affine_epi64_epi8(BYTES16_TWICE(q),                                                                  \
+                                  _mm256_setr_epi64x(NIBBLE_LOW, NIBBLE_LOW, NIBBLE_HIGH, NIBBLE_HIGH), 0)
+Q4D_ROW(row_q4d_avx2, "avx2", DOT_AVX2, UNPACK_SHIFT)
+Q4D_ROW(row_q4d_vnni, TARGET_VNNI, DOT_VNNI, UNPACK_SHIFT)
+Q4D_ROW(row_q4d_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI)
 
 /* Groups of 32 (the engine's), TILE_ROWS rows against Q4_TOKENS tokens of xd from t0:
  * each row's unpacked weights used for the four tokens and each token's digits and
  * bias lanes for the rows, each (row, token) the operations of NAME##_n in its order.
  * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
  * (bench/RESULTS.md), so AVX2 keeps NAME##_n. */
-#define Q4D_TILE(NAME, TARGET, DOT, TILE_ROWS)                                                                       \
+#define Q4D_TILE(NAME, TARGET, DOT, UNPACK, TILE_ROWS)                                                                    \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
         const uint8_t *p, const float *scale, int64_t cols, int64_t groups, const q4d_x *xd, int64_t t0,             \
         float (*out)[Q4_TOKENS], const int NT) {                                                                     \
-        const __m256i low4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();                                  \
-        const __m256i ones = _mm256_set1_epi16(1), nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);         \
+        const __m256i zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);                                    \
         __m256 row[TILE_ROWS][Q4_TOKENS];                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
             _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) row[r][j] = _mm256_setzero_ps();                    \
@@ -830,10 +841,7 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
             _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) {                                            \
                 const uint8_t *pr = p + r * cols / 2 + g * 16;                                                       \
                 _mm_prefetch((const char *)(pr + STREAM_AHEAD), _MM_HINT_T0);                                        \
-                w[r] = _mm256_and_si256(                                                                             \
-                    _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pr)),             \
-                                      nibble_shift),                                                                 \
-                    low4);                                                                                           \
+                w[r] = UNPACK(pr);                                                                                   \
                 sg[r] = _mm256_set1_ps(scale[r * groups + g]);                                                       \
             }                                                                                                        \
             _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                                   \
@@ -864,49 +872,58 @@ Q4D_ROW(row_q4d_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI)
         default: NAME##_nt(p, scale, cols, groups, xd, t0, out, Q4_TOKENS);                                          \
         }                                                                                                            \
     }
-Q4D_TILE(q4d_tile_vnni, "avx2,avx512f,avx512vl,avx512vnni", DOT_VNNI, 4)
+Q4D_TILE(q4d_tile_vnni, TARGET_VNNI, DOT_VNNI, UNPACK_SHIFT, 4)
+Q4D_TILE(q4d_tile_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI, 4)
 
 /* Rows [r0, r1) of groups of 32 against s >= 2 tokens on VNNI: TOKEN_BLOCK tokens a
  * pass over the rows, tiles of four rows and up to four tokens, the last rows through
- * row_q4d_vnni's loop. */
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static void rows_q4d_tiled_vnni(
-    const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, const q4d_x *xd, int64_t s, float *y,
-    int64_t r0, int64_t r1) {
-    const int64_t groups = cols / 32;
-    float out[4][Q4_TOKENS];
-    for (int64_t t0 = 0; t0 < s; t0 += TOKEN_BLOCK) {
-        const int64_t t1 = s - t0 < TOKEN_BLOCK ? s : t0 + TOKEN_BLOCK;
-        for (int64_t r = r0; r < r1;) {
-            const int n_rows = r1 - r >= 4 ? 4 : 1;
-            const uint8_t *pr = packed + r * cols / 2;
-            for (int64_t t = t0; t < t1;) {
-                const int nt = t1 - t < Q4_TOKENS ? (int)(t1 - t) : Q4_TOKENS;
-                const float *sr = scale + r * groups;
-                if (n_rows > 1) q4d_tile_vnni(pr, sr, cols, groups, xd, t, nt, out);
-                else if (nt == Q4_TOKENS) row_q4d_vnni_n(pr, sr, groups, xd, cols, t, Q4_TOKENS, 1, out[0]);
-                else
-                    for (int j = 0; j < nt; j++) row_q4d_vnni_n(pr, sr, groups, xd, cols, t + j, 1, 1, out[0] + j);
-                for (int q = 0; q < n_rows; q++)
-                    for (int j = 0; j < nt; j++) y[(t + j) * rows + r + q] = out[q][j];
-                t += nt;
-            }
-            r += n_rows;
-        }
+ * the row loop (ROW##_n). */
+#define Q4D_TILED(NAME, TARGET, TILE, ROW)                                                                           \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *packed, const float *scale, int64_t rows,        \
+                                                     int64_t cols, const q4d_x *xd, int64_t s, float *y, int64_t r0, \
+                                                     int64_t r1) {                                                   \
+        const int64_t groups = cols / 32;                                                                            \
+        float out[4][Q4_TOKENS];                                                                                     \
+        for (int64_t t0 = 0; t0 < s; t0 += TOKEN_BLOCK) {                                                            \
+            const int64_t t1 = s - t0 < TOKEN_BLOCK ? s : t0 + TOKEN_BLOCK;                                          \
+            for (int64_t r = r0; r < r1;) {                                                                          \
+                const int n_rows = r1 - r >= 4 ? 4 : 1;                                                              \
+                const uint8_t *pr = packed + r * cols / 2;                                                           \
+                for (int64_t t = t0; t < t1;) {                                                                      \
+                    const int nt = t1 - t < Q4_TOKENS ? (int)(t1 - t) : Q4_TOKENS;                                   \
+                    const float *sr = scale + r * groups;                                                            \
+                    if (n_rows > 1) TILE(pr, sr, cols, groups, xd, t, nt, out);                                      \
+                    else if (nt == Q4_TOKENS) ROW##_n(pr, sr, groups, xd, cols, t, Q4_TOKENS, 1, out[0]);            \
+                    else                                                                                             \
+                        for (int j = 0; j < nt; j++) ROW##_n(pr, sr, groups, xd, cols, t + j, 1, 1, out[0] + j);     \
+                    for (int q = 0; q < n_rows; q++)                                                                 \
+                        for (int j = 0; j < nt; j++) y[(t + j) * rows + r + q] = out[q][j];                          \
+                    t += nt;                                                                                         \
+                }                                                                                                    \
+                r += n_rows;                                                                                         \
+            }                                                                                                        \
+        }                                                                                                            \
     }
-}
+Q4D_TILED(rows_q4d_tiled_vnni, TARGET_VNNI, q4d_tile_vnni, row_q4d_vnni)
+Q4D_TILED(rows_q4d_tiled_gfni, TARGET_GFNI, q4d_tile_gfni, row_q4d_gfni)
 
-/* The loops this CPU runs: 2 AVX-512 VNNI (its byte products; AVX2 elsewhere), 1
- * AVX2, 0 portable. COLI_CPU_PORTABLE=1 forces 0, COLI_CPU_LOOPS=avx2 at most 1
- * (tests compare every level's bits). */
+/* The loops this CPU runs: 3 AVX-512 VNNI with GFNI (int4's nibbles unpacked by an
+ * affine map), 2 AVX-512 VNNI (its byte products and 32 registers; AVX2 elsewhere), 1
+ * AVX2, 0 portable. COLI_CPU_PORTABLE=1 forces 0, COLI_CPU_LOOPS=avx2 or avx512vnni
+ * caps the level at 1 or 2 (tests compare every level's bits). */
 static int cpu_level(void) {
     static int cached = -1;
     if (cached < 0) {
         const char *cap = getenv("COLI_CPU_LOOPS");
-        cached = !__builtin_cpu_supports("avx2") || getenv("COLI_CPU_PORTABLE") ? 0
-                 : __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-                         !(cap && strcmp(cap, "avx2") == 0)
-                     ? 2
-                     : 1;
+        const int most = getenv("COLI_CPU_PORTABLE")                  ? 0
+                         : cap && strcmp(cap, "avx2") == 0       ? 1
+                         : cap && strcmp(cap, "avx512vnni") == 0 ? 2
+                                                                 : 3;
+        const int has = !__builtin_cpu_supports("avx2")                                                   ? 0
+                        : !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) ? 1
+                        : !__builtin_cpu_supports("gfni")                                                 ? 2
+                                                                                                          : 3;
+        cached = has < most ? has : most;
     }
     return cached;
 }
@@ -994,6 +1011,7 @@ void coli_quantize_q4(const float *w, int64_t rows, int64_t cols, int32_t group,
 
 const char *coli_cpu_loops(void) {
 #ifdef HAVE_AVX2_PATH
+    if (cpu_level() == 3) return "avx512vnni+gfni";
     if (cpu_level() == 2) return "avx512vnni";
     if (cpu_level() == 1) return "avx2";
 #endif
@@ -1009,8 +1027,10 @@ static void q4d_rows(const uint8_t *packed, const float *scale, int64_t rows, in
 #ifdef HAVE_AVX2_PATH
     q4d_x xd;
     if (use_avx2() && q4d_prepare(&xd, x, s, cols, group)) {
-        if (cpu_level() == 2 && group == 32 && s >= 2)
-            rows_q4d_tiled_vnni(packed, scale, rows, cols, &xd, s, y, r0, r1);
+        const int tiled = group == 32 && s >= 2;
+        if (cpu_level() == 3 && tiled) rows_q4d_tiled_gfni(packed, scale, rows, cols, &xd, s, y, r0, r1);
+        else if (cpu_level() == 3) row_q4d_gfni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
+        else if (cpu_level() == 2 && tiled) rows_q4d_tiled_vnni(packed, scale, rows, cols, &xd, s, y, r0, r1);
         else if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
         else row_q4d_avx2(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
         q4d_release(&xd);
@@ -1075,7 +1095,7 @@ void coli_matmul_f32_rows(const float *w, int64_t rows, int64_t cols, const floa
                           int64_t r0, int64_t r1) {
 #ifdef HAVE_AVX2_PATH
     if (use_avx2() && s >= 2) {
-        rows_tiled_avx2(&F32_TILES[cpu_level() == 2], w, NULL, rows, cols, x, s, y, r0, r1);
+        rows_tiled_avx2(&F32_TILES[cpu_level() >= 2], w, NULL, rows, cols, x, s, y, r0, r1);
         return;
     }
 #endif
@@ -1091,7 +1111,7 @@ void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int6
         return;
     }
     if (use_avx2() && s >= F32_TOKENS) {
-        rows_tiled_avx2(&Q8_TILES[cpu_level() == 2], q, scale, rows, cols, x, s, y, r0, r1);
+        rows_tiled_avx2(&Q8_TILES[cpu_level() >= 2], q, scale, rows, cols, x, s, y, r0, r1);
         return;
     }
 #endif

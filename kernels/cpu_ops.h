@@ -47,9 +47,10 @@ void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t
 /* o[d] += w * v[d], d < n: a product, then a sum, each value. */
 void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
 
-/* The loops chosen at run time: "avx512vnni" (AVX2, and int4's byte products by
- * VNNI), "avx2", or "portable" (no AVX2, or COLI_CPU_PORTABLE=1); COLI_CPU_LOOPS=avx2
- * stops at AVX2. Every level gives the same bits. */
+/* The loops chosen at run time: "avx512vnni+gfni" (int4's nibbles unpacked by GFNI's
+ * affine map), "avx512vnni" (AVX2, and int4's byte products by VNNI), "avx2", or
+ * "portable" (no AVX2, or COLI_CPU_PORTABLE=1); COLI_CPU_LOOPS=avx512vnni or avx2
+ * stops at that level. Every level gives the same bits. */
 const char *coli_cpu_loops(void);
 
 #ifdef __cplusplus

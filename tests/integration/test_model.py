@@ -462,9 +462,9 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     """The CPU matmuls at every format on 3,000 random shapes (tails, one row, one
     column, int4 groups of 2 to 128), under ASan/UBSan: each output within rounding of
     a double-precision sum, and the vector loops' bits equal to the portable loops'. On
-    this machine's every SIMD level: AVX-512 VNNI (int4's byte products), AVX2 and the
-    portable loops. int4 against x as integers also at x * 2^-110, with an inf or NaN
-    and with zeros. Attention over
+    this machine's every SIMD level: AVX-512 VNNI with GFNI (int4's nibbles by an affine
+    map), AVX-512 VNNI (int4's byte products), AVX2 and the portable loops. int4 against
+    x as integers also at x * 2^-110, with an inf or NaN and with zeros. Attention over
     several heads in one walk of the keys gives one head at a time's bits, the
     indexer's scores those of one dot at a time, and the quantisers round halves away
     from zero as lroundf does."""
@@ -473,7 +473,7 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     sources = [str(ROOT / s) for s in ("tests/c/cpu_dot_check.c", "kernels/cpu_ops.c", "kernels/cpu_model_ops.c")]
     compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, *sources, "-o", str(exe), "-lm"])
     runs = {}
-    for env in ({}, {"COLI_CPU_LOOPS": "avx2"}, {"COLI_CPU_PORTABLE": "1"}):
+    for env in ({}, {"COLI_CPU_LOOPS": "avx512vnni"}, {"COLI_CPU_LOOPS": "avx2"}, {"COLI_CPU_PORTABLE": "1"}):
         proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         loops, rest = proc.stdout.split(" loops, ")
@@ -482,6 +482,8 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     levels = {"portable"} | ({"avx2"} if "avx2" in flags else set())
     if {"avx2", "avx512_vnni", "avx512vl"} <= flags:
         levels.add("avx512vnni")
+        if "gfni" in flags:
+            levels.add("avx512vnni+gfni")
     assert set(runs) == levels
     assert len(set(runs.values())) == 1, runs
 
