@@ -167,20 +167,25 @@ void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k
     }
 }
 
+/* Keys a pass of coli_index_scores takes: their heads' dots as one matmul through the
+ * tiles (the keys its rows, the heads its tokens), each dot coli_dot_f32's operations;
+ * the block's dots stay in L1 for the weighted sums. */
+#define INDEX_BLOCK 128
+
 void coli_index_scores(const float *iq, const float *iw, float weight_scale, const float *keys, int64_t heads,
                        int64_t dim, int64_t t0, int64_t t1, coli_scored *sc) {
     const float scale = 1.0f / sqrtf((float)dim);
-    float d[64]; /* a key's heads' scores, up to 64 by one call */
-    for (int64_t t = t0; t < t1; t++) {
-        const float *key = keys + t * dim;
-        float total = 0.0f;
+    float d[64 * INDEX_BLOCK], total[INDEX_BLOCK]; /* up to 64 heads' dots a block, head by head */
+    for (int64_t b = t0; b < t1; b += INDEX_BLOCK) {
+        const int64_t nb = t1 - b < INDEX_BLOCK ? t1 - b : INDEX_BLOCK;
+        for (int64_t r = 0; r < nb; r++) total[r] = 0.0f;
         for (int64_t h0 = 0; h0 < heads; h0 += 64) {
             const int64_t count = heads - h0 < 64 ? heads - h0 : 64;
-            coli_dot_f32_many(iq + h0 * dim, dim, key, 0, count, dim, scale, d);
-            for (int64_t h = 0; h < count; h++) total += (iw[h0 + h] * weight_scale) * (d[h] > 0.0f ? d[h] : 0.0f);
+            coli_matmul_f32_rows(keys + b * dim, nb, dim, iq + h0 * dim, count, d, 0, nb);
+            for (int64_t h = 0; h < count; h++) /* each key's heads in order */
+                coli_add_relu_f32(total, d + h * nb, nb, scale, iw[h0 + h] * weight_scale);
         }
-        sc[t].score = total;
-        sc[t].t = t;
+        for (int64_t r = 0; r < nb; r++) sc[b + r].score = total[r], sc[b + r].t = b + r;
     }
 }
 

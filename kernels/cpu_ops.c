@@ -270,6 +270,23 @@ __attribute__((target("avx2"))) static void axpy_f32_avx2(float *o, float w, con
     for (; d < n; d++) o[d] += w * v[d];
 }
 
+/* coli_add_relu_f32 8 at a time: the clamp as a compare and a mask (v > 0 keeps v;
+ * a NaN or a zero gives +0, as the scalar form does). */
+__attribute__((target("avx2"))) static void add_relu_f32_avx2(float *total, const float *d, int64_t n, float scale,
+                                                               float w) {
+    const __m256 sv = _mm256_set1_ps(scale), wv = _mm256_set1_ps(w), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(d + i), sv);
+        const __m256 r = _mm256_and_ps(v, _mm256_cmp_ps(v, zero, _CMP_GT_OQ));
+        _mm256_storeu_ps(total + i, _mm256_add_ps(_mm256_loadu_ps(total + i), _mm256_mul_ps(wv, r)));
+    }
+    for (; i < n; i++) {
+        const float v = d[i] * scale;
+        total[i] += w * (v > 0.0f ? v : 0.0f);
+    }
+}
+
 __attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, const int8_t *q) {
     const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
     return _mm256_mul_ps(_mm256_loadu_ps(x), w);
@@ -1070,6 +1087,19 @@ void coli_axpy_f32(float *o, float w, const float *v, int64_t n) {
     }
 #endif
     for (int64_t d = 0; d < n; d++) o[d] += w * v[d];
+}
+
+void coli_add_relu_f32(float *total, const float *d, int64_t n, float scale, float w) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        add_relu_f32_avx2(total, d, n, scale, w);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const float v = d[i] * scale;
+        total[i] += w * (v > 0.0f ? v : 0.0f);
+    }
 }
 
 static float dot_q8(const float *x, const int8_t *q, int64_t n) {

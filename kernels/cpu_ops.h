@@ -46,6 +46,9 @@ void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t
                        float scale, float *out);
 /* o[d] += w * v[d], d < n: a product, then a sum, each value. */
 void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
+/* total[i] += w * relu(d[i] * scale), i < n (relu: v > 0 ? v : 0, a NaN giving 0): a
+ * product, the clamp, a product, then a sum, each value. */
+void coli_add_relu_f32(float *total, const float *d, int64_t n, float scale, float w);
 
 /* The loops chosen at run time: "avx512vnni+gfni" (int4's nibbles unpacked by GFNI's
  * affine map), "avx512vnni" (AVX2, and int4's byte products by VNNI), "avx2", or

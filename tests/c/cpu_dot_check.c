@@ -135,7 +135,7 @@ int main(void) {
     }
     /* the indexer's scores (its heads' queries against blocks of keys as one matmul)
      * against each key's heads one dot at a time, bit for bit: past a block of keys and
-     * past 64 heads */
+     * past 64 heads, and with zeros, NaNs and infs among the keys */
     for (int it = 0; it < 200; it++) {
         const int64_t heads = 1 + rand() % 70, dim = 1 + rand() % 80, n = 1 + rand() % 300, t0 = rand() % n;
         float *iq = malloc(sizeof(float) * (size_t)(heads * dim)), *keys = malloc(sizeof(float) * (size_t)(n * dim));
@@ -145,6 +145,11 @@ int main(void) {
         for (int64_t i = 0; i < heads * dim; i++) iq[i] = rnd();
         for (int64_t i = 0; i < n * dim; i++) keys[i] = rnd();
         for (int64_t h = 0; h < heads; h++) iw[h] = rnd();
+        if (it % 4 == 0) { /* a key of zeros, a NaN and an inf: the clamp's edges */
+            for (int64_t i = 0; i < dim; i++) keys[(n - 1) * dim + i] = it % 8 ? 0.0f : -0.0f;
+            keys[rand() % (n * dim)] = NAN;
+            keys[rand() % (n * dim)] = it % 8 ? INFINITY : -INFINITY;
+        }
         coli_index_scores(iq, iw, 0.75f, keys, heads, dim, t0, n, sc);
         const float scale = 1.0f / sqrtf((float)dim);
         for (int64_t t = t0; t < n; t++) {
