@@ -339,7 +339,7 @@ int main(int argc, char **argv) {
         /* what a decoded token reads: the step's resident sizes, else the weights where they are */
         printf(", \"token_weight_bytes\": %llu, \"kv_bytes_per_position\": %llu",
                (unsigned long long)(m.step ? m.token_weight_bytes : model_token_bytes(&m)),
-               (unsigned long long)model_kv_bytes_per_position(&m));
+               (unsigned long long)(m.step ? m.kv_bytes_per_position : model_kv_bytes_per_position(&m, 0)));
         printf(", \"resident_tensors\": %d, \"device\": ", m.resident);
         json_string(stdout, device_name);
         printf(", \"quant\": \"%s\", \"threads\": %d, \"positions\": %lld, \"load_seconds\": %.6f}\n", quant_name,

@@ -51,7 +51,9 @@ typedef struct layer {
     float **e_owned;                /* converted copies to free (mapped F32 needs none) */
     int64_t n_owned;
     linear sh_gate, sh_up, sh_down; /* shared experts */
-    float *k_cache, *v_cache, *ik_cache;
+    /* the CPU path's caches, a position a row: each head's nope key, the rope key its
+     * heads share (kept once), each head's value, the indexer's key */
+    float *k_cache, *kr_cache, *v_cache, *ik_cache;
 } layer;
 
 /* Where a forward's time goes: every linear (in the backend or on the CPU), the
@@ -85,7 +87,7 @@ typedef struct model {
     uint64_t resident_bytes; /* what the backend holds for the model: tensors, caches, activations */
     int64_t round_trips;     /* host copies to and from the step's buffers */
     uint64_t token_weight_bytes;    /* the step's: weight bytes a decoded token reads */
-    uint64_t kv_bytes_per_position; /* the step's KV and indexer caches, all layers */
+    uint64_t kv_bytes_per_position; /* the step's KV and indexer caches, all layers (rope key per head) */
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the
@@ -117,9 +119,10 @@ int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one
 
 /* What a decoded token reads (model_bytes.c): its weights wherever they are, in
  * their format (the routed experts by the token's k of E), and the caches' bytes per
- * position over all layers. */
+ * position over all layers: the step's keep the rope key in every head's key
+ * (rope_per_head), the CPU path's once a position. */
 uint64_t model_weight_bytes(int64_t rows, int64_t cols, int format, int32_t group);
 uint64_t model_token_bytes(const model *m);
-uint64_t model_kv_bytes_per_position(const model *m);
+uint64_t model_kv_bytes_per_position(const model *m, int rope_per_head);
 
 #endif

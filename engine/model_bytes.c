@@ -42,11 +42,11 @@ uint64_t model_token_bytes(const model *m) {
     return total;
 }
 
-uint64_t model_kv_bytes_per_position(const model *m) {
+uint64_t model_kv_bytes_per_position(const model *m, int rope_per_head) {
     const model_config *c = &m->c;
     uint64_t total = 0;
     for (int64_t l = 0; l < c->layers; l++)
-        total += (uint64_t)(c->heads * (c->qk_nope + c->qk_rope + c->v_head) +
+        total += (uint64_t)(c->heads * (c->qk_nope + c->v_head) + (rope_per_head ? c->heads : 1) * c->qk_rope +
                             (c->indexer_full[l] ? c->index_head_dim : 0)) * sizeof(float);
     return total;
 }

@@ -181,8 +181,9 @@ static void attn_items(void *ctx, int64_t b, int64_t e) {
     }
     for (int64_t it = b; it < e;) {
         const int64_t s = it / H, h = it % H, run = (e - it < H - h ? e - it : H - h);
-        coli_attend_heads(j->q + (s * H + h) * qk, j->ly->k_cache + h * qk, j->ly->v_cache + h * V, H * qk, H * V, run,
-                          qk, V, j->sel + s * j->total, j->t0 + s, j->scaling, p, j->out + (s * H + h) * V);
+        coli_attend_heads(j->q + (s * H + h) * qk, j->ly->k_cache + h * c->qk_nope, j->ly->kr_cache,
+                          j->ly->v_cache + h * V, H * c->qk_nope, c->qk_rope, H * V, run, c->qk_nope, qk, V,
+                          j->sel + s * j->total, j->t0 + s, j->scaling, p, j->out + (s * H + h) * V);
         it += run;
     }
     free(p);
@@ -408,11 +409,10 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
         TRY(linear_fwd(m, &ly->kv_b, kvn, n, kv, err, errlen));
         for (int64_t s = 0; s < n; s++) {
             int64_t p = t0 + s;
+            memcpy(ly->kr_cache + p * c->qk_rope, ckv + s * kvw + c->kv_lora, (size_t)c->qk_rope * sizeof(float));
             for (int64_t hh = 0; hh < NH; hh++) {
-                float *k = ly->k_cache + (p * NH + hh) * qk;
                 const float *src = kv + (s * NH + hh) * (c->qk_nope + V);
-                memcpy(k, src, (size_t)c->qk_nope * sizeof(float));
-                memcpy(k + c->qk_nope, ckv + s * kvw + c->kv_lora, (size_t)c->qk_rope * sizeof(float));
+                memcpy(ly->k_cache + (p * NH + hh) * c->qk_nope, src, (size_t)c->qk_nope * sizeof(float));
                 memcpy(ly->v_cache + (p * NH + hh) * V, src + c->qk_nope, (size_t)V * sizeof(float));
             }
         }

@@ -549,13 +549,13 @@ int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_ba
     if (dense(&L, &m->lm_head, head, c->vocab, c->hidden, NULL)) return 1;
     for (int64_t i = 0; i < c->layers; i++)
         if (load_layer(&L, i)) return 1;
-    const int64_t qk = c->qk_nope + c->qk_rope;
     for (int64_t i = 0; i < c->layers; i++) {
         layer *ly = &m->layers[i];
-        ly->k_cache = malloc((size_t)(max_pos * c->heads * qk) * sizeof(float));
+        ly->k_cache = malloc((size_t)(max_pos * c->heads * c->qk_nope) * sizeof(float));
+        ly->kr_cache = malloc((size_t)(max_pos * c->qk_rope) * sizeof(float));
         ly->v_cache = malloc((size_t)(max_pos * c->heads * c->v_head) * sizeof(float));
         ly->ik_cache = malloc((size_t)(max_pos * c->index_head_dim) * sizeof(float));
-        if (!ly->k_cache || !ly->v_cache || !ly->ik_cache) {
+        if (!ly->k_cache || !ly->kr_cache || !ly->v_cache || !ly->ik_cache) {
             snprintf(err, errlen, "out of memory for a KV cache of %lld positions", (long long)max_pos);
             return 1;
         }
@@ -590,7 +590,7 @@ void model_free(model *m) {
             for (int64_t k = 0; k < ly->n_owned; k++) free(ly->e_owned[k]);
             free(ly->e_owned);
             free(ly->e_gate); free(ly->e_up); free(ly->e_down);
-            free(ly->k_cache); free(ly->v_cache); free(ly->ik_cache);
+            free(ly->k_cache); free(ly->kr_cache); free(ly->v_cache); free(ly->ik_cache);
         }
         free(m->layers);
     }

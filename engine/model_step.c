@@ -388,7 +388,7 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     /* what a decoded token reads: every dense linear (resident already), its embedding row, and what
      * upload_layer adds (the routers, indexer heads and the token's share of the experts) */
     m->token_weight_bytes = m->resident_bytes + (uint64_t)c->hidden * sizeof(float);
-    m->kv_bytes_per_position = model_kv_bytes_per_position(m);
+    m->kv_bytes_per_position = model_kv_bytes_per_position(m, 1);
     model_step *s = calloc(1, sizeof *s);
     if (!s || !(s->layers = calloc((size_t)c->layers, sizeof *s->layers))) {
         free(s);
@@ -413,8 +413,8 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     if (chunk > 1 && record(m, chunk, &s->prefill, &ops, err, errlen)) goto fail;
     for (int64_t l = 0; l < c->layers; l++) { /* the caches live in the backend now */
         layer *ly = &m->layers[l];
-        free(ly->k_cache), free(ly->v_cache), free(ly->ik_cache);
-        ly->k_cache = ly->v_cache = ly->ik_cache = NULL;
+        free(ly->k_cache), free(ly->kr_cache), free(ly->v_cache), free(ly->ik_cache);
+        ly->k_cache = ly->kr_cache = ly->v_cache = ly->ik_cache = NULL;
     }
     m->round_trips = 0;
     return 0;

@@ -131,19 +131,21 @@ static void key_prefetch_next(key_prefetch *kp) {
     kp->issued--; /* the key about to be read was one of them */
 }
 
-void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
-                       int64_t heads, int64_t qk, int64_t vdim, const uint8_t *sel, int64_t last, float scaling,
-                       float *p, float *out) {
+void coli_attend_heads(const float *q, const float *k, const float *kr, const float *v, int64_t k_stride,
+                       int64_t kr_stride, int64_t v_stride, int64_t heads, int64_t nope, int64_t qk, int64_t vdim,
+                       const uint8_t *sel, int64_t last, float scaling, float *p, float *out) {
     const int64_t n = last + 1;
     for (int64_t h = 0; h < heads; h++) memset(out + h * vdim, 0, (size_t)vdim * sizeof(float));
     float d[64]; /* a key's heads' scores, up to 64 side by side */
-    key_prefetch kp = {sel, k, k_stride, heads * qk, n, 0, 0};
+    key_prefetch kp = {sel, k, k_stride, heads * nope, n, 0, 0}, rp = {sel, kr, kr_stride, qk - nope, n, 0, 0};
     for (int64_t t = 0; t < n; t++) {
         if (!sel[t]) continue;
         key_prefetch_next(&kp);
+        key_prefetch_next(&rp);
         for (int64_t h0 = 0; h0 < heads; h0 += 64) {
             const int64_t count = heads - h0 < 64 ? heads - h0 : 64;
-            coli_dot_f32_many(q + h0 * qk, qk, k + t * k_stride + h0 * qk, qk, count, qk, scaling, d);
+            coli_dot_f32_many(q + h0 * qk, qk, k + t * k_stride + h0 * nope, nope, nope, kr + t * kr_stride, count, qk,
+                              scaling, d);
             for (int64_t h = 0; h < count; h++) p[(h0 + h) * n + t] = d[h];
         }
     }

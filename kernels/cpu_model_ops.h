@@ -37,14 +37,17 @@ void coli_route(const float *logits, const float *bias, int64_t experts, int64_t
 void coli_attend_one(const float *q, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
                      int64_t qk, int64_t vdim, const uint8_t *sel, int64_t last, float scaling, float *p, float *out);
 
-/* coli_attend_one for `heads` consecutive heads of one query at once (q, k, v at head
- * 0; head h's at + h * qk, + h * qk, + h * vdim; out at + h * vdim), walking the keys
- * once for all of them: a key's heads are side by side in the cache, so the walk reads
- * it in one stretch instead of `heads` strided passes. Each head's sums are
- * coli_attend_one's, in its order: the same bits. p: scratch of heads * (last + 1). */
-void coli_attend_heads(const float *q, const float *k, const float *v, int64_t k_stride, int64_t v_stride,
-                       int64_t heads, int64_t qk, int64_t vdim, const uint8_t *sel, int64_t last, float scaling,
-                       float *p, float *out);
+/* coli_attend_one for `heads` consecutive heads of one query at once, over a cache
+ * that keeps the part of a key its heads share once: key t of head h is the nope
+ * floats at k + t * k_stride + h * nope, then the qk - nope at kr + t * kr_stride (MLA's
+ * rope key, one for every head); its value at v + t * v_stride + h * vdim; q and out
+ * at head 0, head h's at + h * qk and + h * vdim. The walk reads each key's heads in
+ * one stretch instead of `heads` strided passes. Each head's sums are
+ * coli_attend_one's over the joined key, in its order: the same bits. p: scratch of
+ * heads * (last + 1). */
+void coli_attend_heads(const float *q, const float *k, const float *kr, const float *v, int64_t k_stride,
+                       int64_t kr_stride, int64_t v_stride, int64_t heads, int64_t nope, int64_t qk, int64_t vdim,
+                       const uint8_t *sel, int64_t last, float scaling, float *p, float *out);
 
 /* The DSA indexer. A key's score for one query: sum over heads h of
  * (iw[h] * weight_scale) * relu(iq[h] . key / sqrt(dim)). */

@@ -74,6 +74,17 @@ static float dot_f32_portable(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* dot_f32_portable(a, the nb values at b then the n - nb at c, n). */
+static float dot_f32_split_portable(const float *a, const float *b, int64_t nb, const float *c, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * (i + k < nb ? b[i + k] : c[i + k - nb]);
+    float sum = LANES_SUM(acc);
+    for (; i < n; i++) sum += a[i] * (i < nb ? b[i] : c[i - nb]);
+    return sum;
+}
+
 /* int8 rows: four sets of eight lanes (set j takes elements i + 8j + k of each 32),
  * so that four sums grow side by side instead of one; the sets are added lane by
  * lane ((0 + 1) + (2 + 3)) before the lanes are, and a last 8-block goes to set 0. */
@@ -253,12 +264,37 @@ __attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const 
     return dot_f32_avx2_inline(a, b, n);
 }
 
+/* dot_f32_avx2_inline(a, the nb values at b then the n - nb at c, n): each 8 of the
+ * second vector loaded from where its values are (through a copy where 8 straddle
+ * b's end), the same operations in the same order. */
+__attribute__((target("avx2"), always_inline)) static inline float dot_f32_split_avx2_inline(const float *a,
+                                                                                            const float *b, int64_t nb,
+                                                                                            const float *c, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 bv;
+        if (i + 8 <= nb) bv = _mm256_loadu_ps(b + i);
+        else if (i >= nb) bv = _mm256_loadu_ps(c + (i - nb));
+        else {
+            float t[8];
+            for (int k = 0; k < 8; k++) t[k] = i + k < nb ? b[i + k] : c[i + k - nb];
+            bv = _mm256_loadu_ps(t);
+        }
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), bv));
+    }
+    float sum = lanes_sum(acc);
+    for (; i < n; i++) sum += a[i] * (i < nb ? b[i] : c[i - nb]);
+    return sum;
+}
+
 /* coli_dot_f32_many's loop: the dots inlined, so the short ones of attention (a
  * head's query against a key) overlap instead of waiting on one call each. */
 __attribute__((target("avx2"))) static void dot_f32_avx2_many(const float *a, int64_t a_stride, const float *b,
-                                                               int64_t b_stride, int64_t count, int64_t n,
-                                                               float scale, float *out) {
-    for (int64_t i = 0; i < count; i++) out[i] = dot_f32_avx2_inline(a + i * a_stride, b + i * b_stride, n) * scale;
+                                                               int64_t b_stride, int64_t nb, const float *c,
+                                                               int64_t count, int64_t n, float scale, float *out) {
+    for (int64_t i = 0; i < count; i++)
+        out[i] = dot_f32_split_avx2_inline(a + i * a_stride, b + i * b_stride, nb, c, n) * scale;
 }
 
 /* o += w v, a product and a sum a value, 8 at a time. */
@@ -1068,15 +1104,16 @@ float coli_dot_f32(const float *a, const float *b, int64_t n) {
     return dot_f32_portable(a, b, n);
 }
 
-void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t b_stride, int64_t count, int64_t n,
-                       float scale, float *out) {
+void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t b_stride, int64_t nb,
+                       const float *c, int64_t count, int64_t n, float scale, float *out) {
 #ifdef HAVE_AVX2_PATH
     if (use_avx2()) {
-        dot_f32_avx2_many(a, a_stride, b, b_stride, count, n, scale, out);
+        dot_f32_avx2_many(a, a_stride, b, b_stride, nb, c, count, n, scale, out);
         return;
     }
 #endif
-    for (int64_t i = 0; i < count; i++) out[i] = dot_f32_portable(a + i * a_stride, b + i * b_stride, n) * scale;
+    for (int64_t i = 0; i < count; i++)
+        out[i] = dot_f32_split_portable(a + i * a_stride, b + i * b_stride, nb, c, n) * scale;
 }
 
 void coli_axpy_f32(float *o, float w, const float *v, int64_t n) {

@@ -41,9 +41,11 @@ void coli_matmul_q4(const uint8_t *packed, const float *scale, int64_t rows, int
 
 /* a . b with eight partial sums (a fixed order, vectorisable). */
 float coli_dot_f32(const float *a, const float *b, int64_t n);
-/* out[i] = coli_dot_f32(a + i a_stride, b + i b_stride, n) * scale, i < count: the same bits. */
-void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t b_stride, int64_t count, int64_t n,
-                       float scale, float *out);
+/* out[i] = coli_dot_f32(a + i a_stride, B_i, n) * scale, i < count, where B_i is the nb
+ * values at b + i b_stride then the n - nb at c (a key's own part, then a part its
+ * heads share): the same bits as the dot of a copy joined in memory. */
+void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t b_stride, int64_t nb,
+                       const float *c, int64_t count, int64_t n, float scale, float *out);
 /* o[d] += w * v[d], d < n: a product, then a sum, each value. */
 void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
 /* total[i] += w * relu(d[i] * scale), i < n (relu: v > 0 ? v : 0, a NaN giving 0): a

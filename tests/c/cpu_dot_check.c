@@ -1,11 +1,12 @@
 /* The CPU matmuls (kernels/cpu_ops.c) on random inputs of odd sizes: tails, one row,
  * one column, groups of 2 to 128, 1 to 9 rows, 1 to 9 tokens and now and then 65 to
  * 73 (past a pass's 64); int4 against x as integers with x scaled by 2^-110, an inf
- * or NaN, zeros; attention over several heads at once (coli_attend_heads) against
- * one head at a time (coli_attend_one), and the indexer's scores against one dot at
- * a time, bit for bit. Prints the loops that ran and a hash of every output's bits,
- * so that two runs (the vector loops, and COLI_CPU_PORTABLE=1) can be compared bit
- * for bit; each output is also checked against a double-precision sum. */
+ * or NaN, zeros; attention over several heads at once, the rope key kept once
+ * (coli_attend_heads), against one head at a time over joined keys (coli_attend_one),
+ * and the indexer's scores against one dot at a time, bit for bit. Prints the loops
+ * that ran and a hash of every output's bits, so that two runs (the vector loops, and
+ * COLI_CPU_PORTABLE=1) can be compared bit for bit; each output is also checked
+ * against a double-precision sum. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -109,29 +110,40 @@ int main(void) {
         mix(y, s * rows);
         free(w), free(x), free(y), free(y2), free(sc), free(p);
     }
+    /* attention over a cache that keeps the heads' shared rope key once (coli_attend_heads)
+     * against one head at a time over keys joined per head (coli_attend_one), bit for
+     * bit: the split anywhere in a key, on an 8 or not (MLA's 64 + 32, odd ones) */
     for (int it = 0; it < 500; it++) {
-        const int64_t heads = 1 + rand() % 7, qk = 1 + rand() % 40, vd = 1 + rand() % 33, last = rand() % 300;
-        const int64_t n = last + 1;
+        const int64_t heads = 1 + rand() % 7, qk = 1 + rand() % (it % 4 ? 40 : 100), vd = 1 + rand() % 33;
+        const int64_t nope = it % 3 ? (qk * 2 / 3) / 8 * 8 : rand() % (qk + 1), rope = qk - nope;
+        const int64_t last = rand() % 300, n = last + 1;
         float *q = malloc(sizeof(float) * (size_t)(heads * qk)), *k = malloc(sizeof(float) * (size_t)(n * heads * qk));
+        float *kn = malloc(sizeof(float) * (size_t)(n * heads * nope + 1));
+        float *kr = malloc(sizeof(float) * (size_t)(n * rope + 1));
         float *v = malloc(sizeof(float) * (size_t)(n * heads * vd)), *p = malloc(sizeof(float) * (size_t)(heads * n));
         float *one = malloc(sizeof(float) * (size_t)(heads * vd)), *all = malloc(sizeof(float) * (size_t)(heads * vd));
         uint8_t *sel = malloc((size_t)n);
-        if (!q || !k || !v || !p || !one || !all || !sel) return fprintf(stderr, "out of memory\n"), 2;
+        if (!q || !k || !kn || !kr || !v || !p || !one || !all || !sel) return fprintf(stderr, "out of memory\n"), 2;
         for (int64_t i = 0; i < heads * qk; i++) q[i] = rnd();
-        for (int64_t i = 0; i < n * heads * qk; i++) k[i] = rnd();
+        for (int64_t i = 0; i < n * heads * nope; i++) kn[i] = rnd();
+        for (int64_t i = 0; i < n * rope; i++) kr[i] = rnd();
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t h = 0; h < heads; h++)
+                for (int64_t d = 0; d < qk; d++)
+                    k[(t * heads + h) * qk + d] = d < nope ? kn[(t * heads + h) * nope + d] : kr[t * rope + d - nope];
         for (int64_t i = 0; i < n * heads * vd; i++) v[i] = rnd();
         for (int64_t t = 0; t < n; t++) sel[t] = t == last || rand() % 3 != 0;
         for (int64_t h = 0; h < heads; h++)
             coli_attend_one(q + h * qk, k + h * qk, v + h * vd, heads * qk, heads * vd, qk, vd, sel, last, 0.125f, p,
                             one + h * vd);
-        coli_attend_heads(q, k, v, heads * qk, heads * vd, heads, qk, vd, sel, last, 0.125f, p, all);
+        coli_attend_heads(q, kn, kr, v, heads * nope, rope, heads * vd, heads, nope, qk, vd, sel, last, 0.125f, p, all);
         if (memcmp(one, all, sizeof(float) * (size_t)(heads * vd))) {
-            printf("MISMATCH attention heads %lld qk %lld v %lld keys %lld\n", (long long)heads, (long long)qk,
-                   (long long)vd, (long long)n);
+            printf("MISMATCH attention heads %lld qk %lld (nope %lld) v %lld keys %lld\n", (long long)heads,
+                   (long long)qk, (long long)nope, (long long)vd, (long long)n);
             return 1;
         }
         mix(all, heads * vd);
-        free(q), free(k), free(v), free(p), free(one), free(all), free(sel);
+        free(q), free(k), free(kn), free(kr), free(v), free(p), free(one), free(all), free(sel);
     }
     /* the indexer's scores (its heads' queries against blocks of keys as one matmul)
      * against each key's heads one dot at a time, bit for bit: past a block of keys and

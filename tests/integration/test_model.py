@@ -108,7 +108,8 @@ def _token_bytes_f32(model: Path) -> tuple[int, int]:
     """What a decoded token of `model` reads at f32, from its tensors' shapes: every
     weight once, but one row of the embedding table (and all of it as a tied lm_head)
     and k of E of the routed experts;
-    and its caches per position (K and V expanded per head, the indexer's keys)."""
+    and the CPU path's caches per position (K's nope part and V per head, the rope key
+    the heads share once, the indexer's keys)."""
     c = json.loads((model / "config.json").read_text())
     total = 0
     tensors = {k: v for f in sorted(model.glob("*.safetensors")) for k, v in stio.read(f).items()}
@@ -119,9 +120,9 @@ def _token_bytes_f32(model: Path) -> tuple[int, int]:
         elif ".mlp.experts." in name:
             n = n * c["num_experts_per_tok"] // c["n_routed_experts"]
         total += n
-    heads, qk, v = c["num_attention_heads"], c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["v_head_dim"]
+    heads, nope, rope, v = (c[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     full = sum(t == "full" for t in c["indexer_types"])
-    return total, 4 * (c["num_hidden_layers"] * heads * (qk + v) + full * c["index_head_dim"])
+    return total, 4 * (c["num_hidden_layers"] * (heads * (nope + v) + rope) + full * c["index_head_dim"])
 
 
 def test_the_cpu_path_reports_what_a_token_reads(sanitized: tuple[Path, Path]) -> None:
