@@ -3,7 +3,7 @@
 # as bench/gpu_build.sh makes it (validate included), then the large synthetic
 # model's decode after a 12-token prompt at int8 and int4 (128 tokens), REPEAT
 # times (3), each time once as built and once with each setting of COMPARE (say
-# COMPARE="COLI_GPU_EDGES=0 COLI_GPU_STREAMS=4"), alternating, so that both sides
+# COMPARE="COLI_GPU_STREAMS=4 COLI_GPU_CHAIN=0"), alternating, so that both sides
 # of a comparison see the same machine; then the per-op profile of the int8 one.
 # Lines in ${OUT:-bench/out}/quick.jsonl; the generated tokens' hash in each, so a
 # setting that changes the tokens shows.

@@ -76,35 +76,6 @@ template <typename Kernel> static void allow_sm_shared(Kernel kernel, int bytes,
 }
 #endif
 
-#if COLI_HAS_PDL
-/* The kernels launched early so far: each waits for the grids before it
- * (coli_wait_prior_grid) before it touches what they write, so a graph may start it
- * early after any of them, not only after the one before it on its stream
- * (programmatic_edges in gpu_step_run.cuh). A kernel is a host stub's address; the
- * list holds every kernel the backend has (fewer than EARLY_KERNELS). */
-#define EARLY_KERNELS 256
-/* A graph's kernel node may name its kernel by the stub or by the runtime's handle
- * for it (cudaGetFuncBySymbol): both are kept. */
-static const void *g_early_kernels[2 * EARLY_KERNELS];
-static int g_n_early_kernels = 0;
-
-static bool launched_early(const void *kernel) {
-    for (int i = 0; i < g_n_early_kernels; i++)
-        if (g_early_kernels[i] == kernel) return true;
-    return false;
-}
-
-static void note_early(const void *kernel) {
-    if (g_n_early_kernels + 2 > 2 * EARLY_KERNELS || launched_early(kernel)) return;
-    g_early_kernels[g_n_early_kernels++] = kernel;
-    cudaFunction_t handle = NULL;
-    if (cudaGetFuncBySymbol(&handle, kernel) == cudaSuccess && handle)
-        g_early_kernels[g_n_early_kernels++] = (const void *)handle;
-    else
-        (void)cudaGetLastError();
-}
-#endif
-
 /* Launches a kernel that, when `early` (and on sm_90), may start while the one
  * before it runs: it waits for that one before it reads its output
  * (coli_wait_prior_grid). Otherwise plainly. `cluster` > 1 (sm_90 only): the
@@ -114,7 +85,6 @@ static void launch_clustered(bool early, unsigned cluster, void (*kernel)(Params
                              cudaStream_t stream, Args... args) {
 #if COLI_HAS_PDL
     if ((early || cluster > 1) && cc_major() >= 9) {
-        if (early) note_early((const void *)kernel);
         cudaLaunchConfig_t config = {};
         cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
