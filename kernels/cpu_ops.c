@@ -64,17 +64,8 @@ static void quantize_q4_portable(const float *w, int64_t rows, int64_t cols, int
  * keeps contraction off), so results do not depend on the CPU they ran on. */
 #define LANES_SUM(l) ((((l)[0] + (l)[4]) + ((l)[1] + (l)[5])) + (((l)[2] + (l)[6]) + ((l)[3] + (l)[7])))
 
-static float dot_f32_portable(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
-    float sum = LANES_SUM(acc);
-    for (; i < n; i++) sum += a[i] * b[i];
-    return sum;
-}
-
-/* dot_f32_portable(a, the nb values at b then the n - nb at c, n). */
+/* a . B, B the nb values at b then the n - nb at c: eight lanes of 8-blocks, LANES_SUM,
+ * then the tail. */
 static float dot_f32_split_portable(const float *a, const float *b, int64_t nb, const float *c, int64_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
@@ -83,6 +74,10 @@ static float dot_f32_split_portable(const float *a, const float *b, int64_t nb, 
     float sum = LANES_SUM(acc);
     for (; i < n; i++) sum += a[i] * (i < nb ? b[i] : c[i - nb]);
     return sum;
+}
+
+static float dot_f32_portable(const float *a, const float *b, int64_t n) {
+    return dot_f32_split_portable(a, b, n, NULL, n);
 }
 
 /* int8 rows: four sets of eight lanes (set j takes elements i + 8j + k of each 32),
@@ -790,7 +785,7 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
  * sums put together as (256 a + b) 256 + c, each plane's DOT adding into the sum
  * before it shifted (exact: int32 wraps, and the true sum fits), less the bias
  * lanes, then the group's float lanes. */
-#define Q4D_ROW(NAME, TARGET, DOT, UNPACK)                                                                                 \
+#define Q4D_ROW(NAME, TARGET, DOT, UNPACK)                                                                           \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_n(                                      \
         const uint8_t *p, const float *scale, int64_t groups, const q4d_x *xd, int64_t cols,                         \
         int64_t t0, const int N, const int64_t per_group, float *out) {                                              \
@@ -880,7 +875,7 @@ Q4D_ROW(row_q4d_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI)
  * bias lanes for the rows, each (row, token) the operations of NAME##_n in its order.
  * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
  * (bench/RESULTS.md), so AVX2 keeps NAME##_n. */
-#define Q4D_TILE(NAME, TARGET, DOT, UNPACK, TILE_ROWS)                                                                    \
+#define Q4D_TILE(NAME, TARGET, DOT, UNPACK, TILE_ROWS)                                                               \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
         const uint8_t *p, const float *scale, int64_t cols, int64_t groups, const q4d_x *xd, int64_t t0,             \
         float (*out)[Q4_TOKENS], const int NT) {                                                                     \
