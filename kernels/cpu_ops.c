@@ -261,7 +261,8 @@ __attribute__((target("avx2"))) static float dot_f32_avx2(const float *a, const 
 
 /* dot_f32_avx2_inline(a, the nb values at b then the n - nb at c, n): each 8 of the
  * second vector loaded from where its values are (through a copy where 8 straddle
- * b's end), the same operations in the same order. */
+ * b's end), the same operations in the same order. Attention's keys only: the f32
+ * rows' decode loop keeps the plain one, without a test a step. */
 __attribute__((target("avx2"), always_inline)) static inline float dot_f32_split_avx2_inline(const float *a,
                                                                                             const float *b, int64_t nb,
                                                                                             const float *c, int64_t n) {
@@ -855,8 +856,8 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
  * in both halves, then a shift of the upper half and a mask; or, with GFNI, one affine
  * map a byte (its matrix a 64-bit lane: the low nibble in the lower half, the high in
  * the upper), the same values in one operation of the dozen a 32 takes. */
-#define TARGET_VNNI "avx2,avx512f,avx512vl,avx512vnni"
-#define TARGET_GFNI TARGET_VNNI ",gfni"
+#define VNNI_TARGET AVX512_TARGET ",avx512vnni"
+#define GFNI_TARGET VNNI_TARGET ",gfni"
 #define BYTES16_TWICE(q) _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q)))
 #define UNPACK_SHIFT(q)                                                                                              \
     _mm256_and_si256(_mm256_srlv_epi32(BYTES16_TWICE(q), _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),                 \
@@ -867,8 +868,8 @@ static void q4d_release(q4d_x *xd) { free(xd->digits), free(xd->bias), free(xd->
     _mm256_gf2p8affine_epi64_epi8(BYTES16_TWICE(q),                                                                  \
                                   _mm256_setr_epi64x(NIBBLE_LOW, NIBBLE_LOW, NIBBLE_HIGH, NIBBLE_HIGH), 0)
 Q4D_ROW(row_q4d_avx2, "avx2", DOT_AVX2, UNPACK_SHIFT)
-Q4D_ROW(row_q4d_vnni, TARGET_VNNI, DOT_VNNI, UNPACK_SHIFT)
-Q4D_ROW(row_q4d_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI)
+Q4D_ROW(row_q4d_vnni, VNNI_TARGET, DOT_VNNI, UNPACK_SHIFT)
+Q4D_ROW(row_q4d_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI)
 
 /* Groups of 32 (the engine's), TILE_ROWS rows against Q4_TOKENS tokens of xd from t0:
  * each row's unpacked weights used for the four tokens and each token's digits and
@@ -920,8 +921,8 @@ Q4D_ROW(row_q4d_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI)
         default: NAME##_nt(p, scale, cols, groups, xd, t0, out, Q4_TOKENS);                                          \
         }                                                                                                            \
     }
-Q4D_TILE(q4d_tile_vnni, TARGET_VNNI, DOT_VNNI, UNPACK_SHIFT, 4)
-Q4D_TILE(q4d_tile_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI, 4)
+Q4D_TILE(q4d_tile_vnni, VNNI_TARGET, DOT_VNNI, UNPACK_SHIFT, 4)
+Q4D_TILE(q4d_tile_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI, 4)
 
 /* Rows [r0, r1) of groups of 32 against s >= 2 tokens on VNNI: TOKEN_BLOCK tokens a
  * pass over the rows, tiles of four rows and up to four tokens, the last rows through
@@ -952,8 +953,8 @@ Q4D_TILE(q4d_tile_gfni, TARGET_GFNI, DOT_VNNI, UNPACK_GFNI, 4)
             }                                                                                                        \
         }                                                                                                            \
     }
-Q4D_TILED(rows_q4d_tiled_vnni, TARGET_VNNI, q4d_tile_vnni, row_q4d_vnni)
-Q4D_TILED(rows_q4d_tiled_gfni, TARGET_GFNI, q4d_tile_gfni, row_q4d_gfni)
+Q4D_TILED(rows_q4d_tiled_vnni, VNNI_TARGET, q4d_tile_vnni, row_q4d_vnni)
+Q4D_TILED(rows_q4d_tiled_gfni, GFNI_TARGET, q4d_tile_gfni, row_q4d_gfni)
 
 /* The loops this CPU runs: 3 AVX-512 VNNI with GFNI (int4's nibbles unpacked by an
  * affine map), 2 AVX-512 VNNI (its byte products and 32 registers; AVX2 elsewhere), 1
