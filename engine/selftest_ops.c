@@ -330,6 +330,33 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         c->err = (double)differ_i32(gi, ri, rows * K) + (rel_err(gw, rw, rows * K) > 1e-5);
         END();
     }
+    {
+        /* one group, as the GPU's held route takes it (ROUTE_HELD), 100 experts (a warp's
+         * lanes not all holding the same number), and ties: a row's best logit and bias
+         * copied to three later experts (32 and 64 on: the same lane of a warp; 45 on:
+         * another), so the first of four equal choices must win, then the next */
+        const int64_t rows = 5, E = 100, K = 8;
+        BEGIN("route", "5 rows, 100 experts in one group, 8 picks, four-way ties for the first");
+        float *lg = F(rows * E), *bias = F(E), *rw = F(rows * K), *gw = F(rows * K);
+        int32_t ri[5 * 8], gi[5 * 8];
+        fill(lg, rows * E, 3.0f), fill(bias, E, 0.5f);
+        for (int64_t r = 0; r < rows; r++) {
+            float *row = lg + r * E;
+            const int64_t best = 10 + 2 * r; /* a row's own: the copies' biases are shared */
+            row[best] += 8.0f, bias[best] = 1.0f; /* above every other choice */
+            for (int64_t on = 32; on <= 64; on += on == 32 ? 13 : 19)
+                row[best + on] = row[best], bias[best + on] = bias[best];
+        }
+        for (int64_t r = 0; r < rows; r++) coli_route(lg + r * E, bias, E, 1, 1, K, 1, 2.5f, ri + r * K, rw + r * K);
+        coli_ref l = put(&X, lg, (size_t)(rows * E) * 4), br = put(&X, bias, (size_t)E * 4);
+        coli_ref io = put(&X, NULL, sizeof gi), wo = put(&X, NULL, (size_t)(rows * K) * 4);
+        run_op(&X, coli_op_route(l, br, io, wo, rows, E, 1, 1, K, 1, 2.5f), 0, 1);
+        get(&X, io, gi, sizeof gi);
+        get(&X, wo, gw, (size_t)(rows * K) * 4);
+        c->exact = 1;
+        c->err = (double)differ_i32(gi, ri, rows * K) + (rel_err(gw, rw, rows * K) > 1e-5);
+        END();
+    }
     static const char *names[] = {"f32", "int8", "int4"};
     /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
      * in its mma layout; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with

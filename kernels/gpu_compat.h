@@ -176,6 +176,19 @@ __device__ inline uint32_t coli_warp_max(uint32_t v) {
 #endif
 }
 
+/* The smallest of a warp's 32 values, as coli_warp_max. */
+__device__ inline uint32_t coli_warp_min(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(0xFFFFFFFFu, v);
+#else
+    for (int o = 16; o > 0; o /= 2) {
+        const uint32_t u = COLI_SHFL_XOR(v, o);
+        v = u < v ? u : v;
+    }
+    return v;
+#endif
+}
+
 /* Bytes of {b, a} picked by the selector's nibbles (0-3 a's, 4-7 b's): the prmt
  * instruction on NVIDIA GPUs, written out elsewhere. */
 __host__ __device__ inline uint32_t coli_byte_perm(uint32_t a, uint32_t b, uint32_t sel) {

@@ -54,6 +54,9 @@ template <int R, int D, int T>
 static void run_gemv(const coli_weight *w, const float *dx, int64_t s, float *, float *dy, bool, cudaStream_t stream) {
     launch_gemv<R, D, T>(w, dx, s, dy, stream);
 }
+static void run_gemv_held(const coli_weight *w, const float *dx, int64_t, float *, float *dy, bool, cudaStream_t stream) {
+    launch_gemv_held(w, dx, dy, stream);
+}
 template <int R, int D>
 static void run_gemv_tokens(const coli_weight *w, const float *dx, int64_t s, float *, float *dy, bool, cudaStream_t stream) {
     launch_gemv_tokens<R, D>(w, dx, s, dy, stream);
@@ -241,6 +244,8 @@ static const gpu_rule GPU_RULES[] = {
         .tokens(17, GPU_ANY_SIZE).cols(TILE_K, GPU_ANY_SIZE, TILE_K).laid(LAID_ABI | LAID_MMA).under(64, TILE_N),
     gpu_rule("tile BM64", run_tile<F32, 64>, run_tile<Q8, 64>, run_tile<Q4, 64>)
         .tokens(17, GPU_ANY_SIZE).cols(TILE_K, GPU_ANY_SIZE, TILE_K).laid(LAID_ABI | LAID_MMA),
+    /* f32, S = 1, up to 4096 columns and 2^21 values: all of W in registers before the wait */
+    gpu_rule("gemv held", run_gemv_held, nullptr, nullptr).tokens(1, 1).cols(4, GEMV_HELD_COLS, 4).elems((int64_t)1 << 21),
     /* f32: a warp owns 2 rows, bound by reading W once per pass of up to 8 tokens */
     gpu_rule("gemv R2 D4 T1", (run_gemv<2, 4, 1>), nullptr, nullptr).tokens(1, 1).cols(4, GPU_ANY_SIZE, 4),
     gpu_rule("gemv R2 D2", (run_gemv_tokens<2, 2>), nullptr, nullptr).cols(4, GPU_ANY_SIZE, 4),

@@ -92,6 +92,58 @@ __global__ void __launch_bounds__(256)
         }
 }
 
+/* ---- f32, S = 1, few rows: the whole of W in registers before the wait ---------------
+ * A row in GEMV_PIECES pieces, a warp each, lane i holding 16-byte pieces i, i + 32, ...
+ * of its piece (GEMV_HELD at most): every load of W is issued while the grid before
+ * still runs, so after the wait a call costs one read of x (from L2) and the sums.
+ * The ring kernel above, for a router's 64 rows, spread them over 4 blocks whose
+ * warps each waited on HBM four times in a row after the wait. The pieces' sums are
+ * added in piece order. Needs cols % 4 == 0 and cols <= GEMV_HELD_COLS. */
+#define GEMV_PIECES 8
+#define GEMV_HELD 4
+#define GEMV_HELD_COLS (GEMV_PIECES * WARP * GEMV_HELD * 4)
+__global__ void __launch_bounds__(GEMV_THREADS)
+    gemv_held_kernel(const float *__restrict__ q, int64_t rows, int64_t cols, const float *__restrict__ x,
+                     float *__restrict__ y) {
+    __shared__ float part[GEMV_THREADS / WARP];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, piece = warp % GEMV_PIECES;
+    const int64_t row = (int64_t)blockIdx.x * (GEMV_THREADS / WARP / GEMV_PIECES) + warp / GEMV_PIECES;
+    const int pieces = (int)(cols / 4), span = (pieces + GEMV_PIECES - 1) / GEMV_PIECES, first = piece * span;
+    const int end = first + span < pieces ? first + span : pieces;
+    const float4 *w = (const float4 *)q + (row < rows ? row : 0) * pieces, *xv = (const float4 *)x;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 wv[GEMV_HELD];
+    coli_allow_next_grid();
+#pragma unroll
+    for (int j = 0; j < GEMV_HELD; j++) {
+        const int i = first + lane + j * WARP;
+        wv[j] = row < rows && i < end ? COLI_LOAD_STREAM(w + i) : zero;
+    }
+    coli_wait_prior_grid();
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GEMV_HELD; j++) {
+        const int i = first + lane + j * WARP;
+        if (i < end) {
+            const float4 xr = COLI_LOAD_FRESH(xv + i);
+            acc += (wv[j].x * xr.x + wv[j].y * xr.y) + (wv[j].z * xr.z + wv[j].w * xr.w);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (piece || lane || row >= rows) return;
+    float total = 0.0f;
+    for (int p = 0; p < GEMV_PIECES; p++) total += part[warp + p];
+    y[row] = total;
+}
+
+static void launch_gemv_held(const coli_weight *w, const float *dx, float *dy, cudaStream_t stream) {
+    constexpr int64_t per_block = GEMV_THREADS / WARP / GEMV_PIECES;
+    launch_early(chain_calls(), gemv_held_kernel, dim3((unsigned)((w->rows + per_block - 1) / per_block)),
+                 dim3(GEMV_THREADS), 0, stream, (const float *)w->q, (int64_t)w->rows, (int64_t)w->cols, dx, dy);
+}
+
 /* f32, S <= 16: a warp per R rows, a grid row per T tokens. */
 template <int R, int D, int T, int XM = T == 1 ? X_RING : X_AT_USE>
 static void launch_gemv(const coli_weight *w, const float *dx, int64_t s, float *dy, cudaStream_t stream) {

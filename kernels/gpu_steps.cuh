@@ -174,7 +174,7 @@ __global__ void rope_kernel(float *x, const float *inv_freq, const int64_t *pos,
                             int64_t head_stride, int64_t dim) {
     STEP_KERNEL_BEGIN();
     __shared__ float v[512];
-    const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads, half = dim / 2;
+    const int64_t r = blockIdx.x / (uint32_t)heads, h = blockIdx.x % (uint32_t)heads, half = dim / 2; /* 32-bit */
     float *p = x + r * row_stride + h * head_stride;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = p[i];
     __syncthreads();
@@ -191,7 +191,7 @@ __global__ void write_rows_kernel(const float *src, float *dst, const int64_t *p
     STEP_KERNEL_BEGIN();
     const int64_t r = blockIdx.x;
     float *d = dst + (*pos * pos_rows + r) * dst_stride;
-    const float *s = src + r / src_repeat * src_stride;
+    const float *s = src + blockIdx.x / (uint32_t)src_repeat * src_stride; /* 32-bit: as rope_kernel's */
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
 }
 
@@ -287,11 +287,66 @@ struct route_scratch {
     unsigned char group_on[1024], taken[1024];
 };
 
+/* A float's order as an unsigned key: larger floats, larger keys. */
+__device__ inline uint32_t order_key(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* Experts a lane holds on route_row_held's path. */
+#define ROUTE_HELD 8
+
+/* route_row where the experts are one group, at most ROUTE_HELD a lane, and k at most
+ * a warp, with no NaN among the choices: each lane holds its experts' choices as
+ * order keys (-0 taken as +0, so equal floats give equal keys), and a pick is the
+ * warp's largest key and the lowest expert holding it, two warp reductions where
+ * warp_best's exchanges took ten, each waiting on the last; the same picks, the first
+ * maximum as coli_route's. False (nothing written) where it does not apply. */
+__device__ inline bool route_row_held(const route_args &a, int64_t r, int32_t *ri, float *rw, int lane) {
+    const int E = a.experts, k = a.k;
+    if (a.groups != 1 || a.topk_group < 1 || E > ROUTE_HELD * WARP || k > WARP) return false;
+    const float *lg = a.logits + r * E;
+    float score[ROUTE_HELD];
+    uint32_t key[ROUTE_HELD], nan = 0;
+#pragma unroll
+    for (int h = 0; h < ROUTE_HELD; h++) {
+        const int e = lane + h * WARP;
+        score[h] = 0.0f, key[h] = 0u; /* below every float's key: never picked */
+        if (e < E) {
+            score[h] = 1.0f / (1.0f + expf(-lg[e]));
+            const float c = score[h] + a.bias[e];
+            nan |= c != c;
+            key[h] = order_key(c == 0.0f ? 0.0f : c);
+        }
+    }
+    if (coli_warp_max(nan)) return false;
+    float sum = 0.0f, mine = 0.0f;
+    int32_t pick = 0;
+    for (int j = 0; j < k; j++) {
+        uint32_t lk = 0u, le = 0xFFFFFFFFu; /* this lane's largest key, its lowest expert */
+        float ls = 0.0f;
+#pragma unroll
+        for (int h = 0; h < ROUTE_HELD; h++)
+            if (key[h] > lk) lk = key[h], le = (uint32_t)(lane + h * WARP), ls = score[h];
+        const uint32_t top = coli_warp_max(lk), e = coli_warp_min(lk == top ? le : 0xFFFFFFFFu);
+        const float se = COLI_SHFL(ls, (int)(e % WARP)); /* its lane's own best is e */
+#pragma unroll
+        for (int h = 0; h < ROUTE_HELD; h++)
+            if ((uint32_t)(lane + h * WARP) == e) key[h] = 0u;
+        if (j == lane) mine = se, pick = (int32_t)e;
+        sum += se;
+    }
+    sum += 1e-20f;
+    if (lane < k) ri[lane] = pick, rw[lane] = (a.norm ? mine / sum : mine) * a.scaling;
+    return true;
+}
+
 /* coli_route's steps for row r on one warp, its picks and weights into ri and rw.
  * Every pick a warp-wide first maximum (warp_best), so each takes a few shuffles
  * instead of a pass over the experts on one thread. 32-bit indices: a 64-bit
  * division is a long software routine on a GPU. */
 __device__ inline void route_row(const route_args &a, int64_t r, int32_t *ri, float *rw, route_scratch &s, int lane) {
+    if (route_row_held(a, r, ri, rw, lane)) return;
     const int E = a.experts, G = a.groups, per = E / G, k = a.k;
     const float *lg = a.logits + r * E;
     for (int e = lane; e < E; e += WARP) {
@@ -409,6 +464,11 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
 }
 
+/* Experts whose weights' descriptions a block of moe_up_kernel or moe_down_kernel
+ * copies to shared memory while the kernels before it still run (the step never
+ * changes them), so an expert's pick waits on no load of its description. */
+#define DOWN_TABLE 128
+
 /* Warps a row of moe_up_kernel: each dots its piece of the row's words, so a
  * decode's few rows spread over that many times the warps and each waits on that
  * fraction of the loads (one warp a row left a decode's grid on half the SMs, each
@@ -475,8 +535,13 @@ __device__ inline float row_dot_held(const dev_weight &w, int64_t row, int64_t f
 template <int FORMAT, bool ROUTED>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
                               int64_t inter, int64_t hid, int64_t experts, route_args route) {
-    STEP_KERNEL_BEGIN();
     __shared__ float parts[2][STEP_THREADS / WARP];
+    __shared__ dev_weight table[2 * DOWN_TABLE]; /* each expert's gate and up, as moe_down_kernel's */
+    coli_allow_next_grid();
+    const bool tabled = experts <= DOWN_TABLE;
+    if (tabled)
+        for (int64_t t = threadIdx.x; t < 2 * experts; t += blockDim.x) table[t] = ws[3 * (t / 2) + t % 2];
+    coli_wait_prior_grid();
     const int warp = threadIdx.x / WARP, piece = warp % MOE_UP_SPLIT, lane = threadIdx.x % WARP;
     const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP / MOE_UP_SPLIT) + warp / MOE_UP_SPLIT;
     int32_t e;
@@ -484,21 +549,23 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
         __shared__ route_scratch s;
         __shared__ int32_t picks[16];
         __shared__ float weights[16];
-        const int64_t row = pair / k;
+        const int64_t row = blockIdx.y / (uint32_t)k, j = blockIdx.y % (uint32_t)k; /* 32-bit, as attention's */
         if (threadIdx.x < WARP) route_row(route, row, picks, weights, s, lane);
         __syncthreads();
-        if (blockIdx.x == 0 && pair % k == 0 && threadIdx.x < k)
+        if (blockIdx.x == 0 && j == 0 && threadIdx.x < k)
             route.idx[row * k + threadIdx.x] = picks[threadIdx.x], route.w[row * k + threadIdx.x] = weights[threadIdx.x];
-        e = picks[pair % k];
+        e = picks[j];
     } else {
         (void)route;
         e = idx[pair];
+        __syncthreads(); /* the table's writes before its reads */
     }
     const bool on = i < inter && e >= 0 && e < experts;
     float g = 0.0f, u = 0.0f;
     if (on) {
-        const float *xr = x + pair / k * hid;
-        const dev_weight wg = ws[3 * e], wu = ws[3 * e + 1]; /* both read before either dot: one wait, not two */
+        const float *xr = x + blockIdx.y / (uint32_t)k * hid;
+        /* both read before either dot: one wait, not two */
+        const dev_weight wg = tabled ? table[2 * e] : ws[3 * e], wu = tabled ? table[2 * e + 1] : ws[3 * e + 1];
         if (row_held<FORMAT>(wg) && row_held<FORMAT>(wu) && wg.cols == wu.cols) {
             const int64_t span = piece_words<FORMAT>(wg), first = piece * span, per_row = wg.cols / fmt<FORMAT>::per_word;
             const int64_t end = first + span < per_row ? first + span : per_row;
@@ -565,9 +632,6 @@ struct held_value {
  * DOWN_ITEMS every load of them is in flight together. */
 #define DOWN_ITEMS 4
 #define DOWN_HELD 1
-/* Experts whose down weights' descriptions a block copies to shared memory while the
- * kernels before it still run (the step never changes them). */
-#define DOWN_TABLE 128
 
 /* Outputs a block of moe_down_kernel takes: its warps share them out DOWN_ITEMS
  * (output, pick) dots each, so a row's k dots run side by side. */
@@ -620,8 +684,9 @@ __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel
 #pragma unroll
         for (int i = 0; i < DOWN_ITEMS; i++) {
             const int64_t item = first + i;
-            d[i] = d0 + item / k, pair[i] = r * k + item % k;
-            const int32_t e = item < items ? picks[item % k] : -1;
+            const uint32_t of = (uint32_t)item / (uint32_t)k, j = (uint32_t)item % (uint32_t)k; /* 32-bit */
+            d[i] = d0 + of, pair[i] = r * k + j;
+            const int32_t e = item < items ? picks[j] : -1;
             live[i] = item < items && d[i] < hid && e >= 0 && e < experts;
             if (live[i]) wt[i] = tabled ? table[e] : ws[3 * e + 2];
             held[i] = live[i] && down_held<FORMAT>(wt[i]);
@@ -803,12 +868,6 @@ __global__ void moe_combine_kernel(const float *eo, const int32_t *idx, const fl
 }
 
 /* ---- the DSA indexer ------------------------------------------------------------ */
-
-/* A float's order as an unsigned key: larger floats, larger keys. */
-__device__ inline uint32_t order_key(float f) {
-    const uint32_t u = __float_as_uint(f);
-    return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
 
 /* Whether this block is the last of `blocks` to pass here for `counter` (zero
  * between runs: the last one sets it back). Each block's writes before it are seen by
@@ -1012,6 +1071,21 @@ __global__ void __launch_bounds__(STEP_THREADS, INDEX_MIN_BLOCKS)
 /* The blocks a query of `keys` keys may split into (the grid's y; a part each). */
 static inline int64_t attend_chunks(int64_t keys) { return (keys + ATTEND_SPLIT - 1) / ATTEND_SPLIT; }
 
+/* The grid's rows for `pairs` (query, head) pairs of up to `keys` keys: a decode's few
+ * pairs ATTEND_DECODE_ROWS (more only where spans of ATTEND_CHUNK need more), their
+ * spans growing with the query's keys (attend_span). The grid is recorded once for
+ * the step's longest query; a row a span of ATTEND_SPLIT keys gave a long step 64
+ * rows, each block launched, waiting for the grid before and holding its room on an
+ * SM, most of them leaving at once at a short position. Fewer rows of longer spans
+ * decode a long context faster, down to where the blocks are too few to keep enough
+ * loads in flight (16 rows of 256 keys: bench/RESULTS.md). */
+#define ATTEND_DECODE_ROWS 32
+static inline int64_t attend_rows(int64_t pairs, int64_t keys) {
+    const int64_t all = attend_chunks(keys), least = (keys + ATTEND_CHUNK - 1) / ATTEND_CHUNK;
+    if (pairs >= ATTEND_MANY || all <= ATTEND_DECODE_ROWS) return all;
+    return least > ATTEND_DECODE_ROWS ? least : ATTEND_DECODE_ROWS;
+}
+
 /* Keys scored at once by a warp of attend_part_kernel: lanes in groups of
  * 32 / ATTEND_KEYS, a key a group, so a warp has that many keys' loads in flight. */
 #define ATTEND_KEYS 4
@@ -1021,8 +1095,8 @@ static inline int64_t attend_chunks(int64_t keys) { return (keys + ATTEND_SPLIT 
 
 __device__ inline int64_t attend_span(int64_t last) {
     if (gridDim.x >= ATTEND_MANY) return ATTEND_CHUNK;
-    int64_t span = last < ATTEND_CHUNK ? ATTEND_SHORT : ATTEND_SPLIT;
-    while (span < ATTEND_CHUNK && last / span + 1 > (int64_t)gridDim.y) span *= 2;
+    uint32_t span = last < ATTEND_CHUNK ? ATTEND_SHORT : ATTEND_SPLIT;
+    while (span < ATTEND_CHUNK && (uint32_t)last / span + 1 > gridDim.y) span *= 2;
     return span;
 }
 
@@ -1030,7 +1104,7 @@ __device__ inline int64_t attend_span(int64_t last) {
  * thread g * width + d gives its part of column d; the threads below width get the
  * column's total, the groups' parts added in group order. */
 __device__ inline float columns_sum(float a, float *acc, int64_t width) {
-    const int64_t groups = blockDim.x / width;
+    const int64_t groups = blockDim.x / (uint32_t)width;
     acc[threadIdx.x] = a;
     __syncthreads();
     float total = 0.0f;
@@ -1051,7 +1125,9 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
                                    int64_t vdim, int64_t stride, float scaling) {
     STEP_KERNEL_BEGIN();
     __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
-    const int64_t pair = blockIdx.x, row = pair / heads, h = pair % heads, last = *pos + row;
+    /* 32-bit divisions here and below: a 64-bit one is a long software routine on a GPU */
+    const int64_t pair = blockIdx.x, row = blockIdx.x / (uint32_t)heads, h = blockIdx.x % (uint32_t)heads;
+    const int64_t last = *pos + row;
     const int64_t span = attend_span(last);
     const int64_t t0 = (int64_t)blockIdx.y * span, t1 = t0 + span - 1 < last ? t0 + span - 1 : last;
     if (t0 > last) return; /* a whole block leaves together: no barrier is skipped by some */
@@ -1062,8 +1138,8 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
     /* the weighted v below: groups of vdim threads take every groups-th key; where the
      * span's v fits ATTEND_V_HELD values a thread, they are loaded now, beside the keys,
      * so the sum waits for no load after the softmax */
-    const int64_t groups = vdim <= (int64_t)blockDim.x ? blockDim.x / vdim : 0, g = groups ? threadIdx.x / vdim : 0;
-    const int64_t d = groups ? threadIdx.x % vdim : 0;
+    const int64_t groups = vdim <= (int64_t)blockDim.x ? blockDim.x / (uint32_t)vdim : 0;
+    const int64_t g = groups ? threadIdx.x / (uint32_t)vdim : 0, d = groups ? threadIdx.x % (uint32_t)vdim : 0;
     const bool v_held = groups && t1 - t0 < groups * ATTEND_V_HELD;
     float vh[ATTEND_V_HELD];
 #pragma unroll
@@ -1098,7 +1174,7 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
     sum = block_sum(sum, red); /* its barriers also order the writes of p before the reads below */
     /* One span (the query's keys fit one): its v over its sum is the combine's value
      * (exp(m - M) is 1), written at once; else the span's part for the combine. */
-    const int64_t chunks = last / span + 1 < (int64_t)gridDim.y ? last / span + 1 : gridDim.y;
+    const int64_t spans = (uint32_t)last / (uint32_t)span + 1, chunks = spans < (int64_t)gridDim.y ? spans : gridDim.y;
     float *const one = chunks == 1 ? attn + pair * vdim : NULL;
     /* the weighted v: groups of vdim threads take every groups-th key, then add up */
     if (groups) {
