@@ -510,17 +510,19 @@ __device__ inline float row_dot_held(const dev_weight &w, int64_t row, int64_t f
                                      int lane, const uint32_t (&q)[ROW_HELD], const float (&sc)[ROW_HELD]) {
     constexpr int PW = fmt<FORMAT>::per_word;
     float acc = 0.0f;
+    /* a guard, not a break: every word's loads of x may then be issued together */
 #pragma unroll
     for (int j = 0; j < ROW_HELD; j++) {
         const int64_t wn = first + lane + (int64_t)j * WARP;
-        if (wn >= end) break;
-        float v[PW];
-        dequant<FORMAT>(q[j], v);
-        const float *xs = x + wn * PW;
-        float part = 0.0f;
+        if (wn < end) {
+            float v[PW];
+            dequant<FORMAT>(q[j], v);
+            const float *xs = x + wn * PW;
+            float part = 0.0f;
 #pragma unroll
-        for (int k = 0; k < PW; k++) part += v[k] * xs[k];
-        acc += FORMAT == COLI_FMT_Q4 ? part * sc[j] : part;
+            for (int k = 0; k < PW; k++) part += v[k] * xs[k];
+            acc += FORMAT == COLI_FMT_Q4 ? part * sc[j] : part;
+        }
     }
     acc = warp_sum(acc);
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
@@ -1090,6 +1092,11 @@ static inline int64_t attend_rows(int64_t pairs, int64_t keys) {
  * 32 / ATTEND_KEYS, a key a group, so a warp has that many keys' loads in flight. */
 #define ATTEND_KEYS 4
 
+/* Values of a query's and a key's row a lane of attend_part_kernel holds (rows up to
+ * 32 / ATTEND_KEYS * ATTEND_QK_HELD long): a loop over the row waited on memory once
+ * per few values. */
+#define ATTEND_QK_HELD 16
+
 /* Values of v a thread of attend_part_kernel may hold from the start (v_held). */
 #define ATTEND_V_HELD 8
 
@@ -1155,7 +1162,19 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         float d = 0.0f;
         if (in) { /* the key's row is read whether or not it is selected: no load waits on sel's */
             const float *kt = k + (t * heads + h) * qk;
-            for (int64_t i = sub; i < qk; i += G) d += qr[i] * kt[i];
+            if (qk <= G * ATTEND_QK_HELD) { /* every load of the row in flight at once, then the sum */
+                float qv[ATTEND_QK_HELD], kv[ATTEND_QK_HELD];
+#pragma unroll
+                for (int j = 0; j < ATTEND_QK_HELD; j++) {
+                    const int64_t i = sub + j * G;
+                    qv[j] = i < qk ? qr[i] : 0.0f, kv[j] = i < qk ? kt[i] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < ATTEND_QK_HELD; j++)
+                    if (sub + j * G < qk) d += qv[j] * kv[j];
+            } else {
+                for (int64_t i = sub; i < qk; i += G) d += qr[i] * kt[i];
+            }
         }
 #pragma unroll
         for (int o = G / 2; o > 0; o >>= 1) d += COLI_SHFL_XOR(d, o);
