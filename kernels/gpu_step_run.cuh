@@ -298,6 +298,15 @@ static route_args route_args_of(const coli_rec_op *o) {
                       (int)a.norm, a.scaling};
 }
 
+/* A decode's moe_up_kernel: ROUTED where the route op before it is its too, HELD words
+ * a lane of a row's piece. */
+template <int FORMAT, bool ROUTED, int HELD>
+static void moe_up_launch(dim3 grid, cudaStream_t st, const dev_weight *table, const coli_moe_operands &a,
+                          const gpu_rec *g, int64_t inter, int64_t hid, int64_t experts, const route_args &ra) {
+    launch_early(chain_calls(), moe_up_kernel<FORMAT, ROUTED, HELD>, grid, dim3(STEP_THREADS), 0, st, table, a.x, a.idx,
+                 g->moe_gu, a.k, inter, hid, experts, ra);
+}
+
 /* `route`: the route op before it, where the two are one unit (UNIT_ROUTE_MOE), else NULL. */
 template <int FORMAT>
 static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight *table, const coli_rec_op *route,
@@ -326,12 +335,15 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
         return;
     }
     const unsigned rows_a_block = (unsigned)(per / MOE_UP_SPLIT), decode_up_blocks = (unsigned)((inter + rows_a_block - 1) / rows_a_block);
-    if (route)
-        launch_early(chain_calls(), moe_up_kernel<FORMAT, true>, dim3(decode_up_blocks, (unsigned)pairs), dim3(STEP_THREADS),
-            0, st, table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts, route_args_of(route));
-    else
-        launch_early(chain_calls(), moe_up_kernel<FORMAT, false>, dim3(decode_up_blocks, (unsigned)pairs), dim3(STEP_THREADS),
-            0, st, table, a.x, a.idx, g->moe_gu, a.k, inter, hid, experts, route_args{});
+    const dim3 up_grid(decode_up_blocks, (unsigned)pairs);
+    const route_args ra = route ? route_args_of(route) : route_args{};
+    const int64_t held = (piece_words<FORMAT>(hid) + WARP - 1) / WARP; /* words a lane of a piece */
+    if (held <= 2 && route) moe_up_launch<FORMAT, true, 2>(up_grid, st, table, a, g, inter, hid, experts, ra);
+    else if (held <= 2) moe_up_launch<FORMAT, false, 2>(up_grid, st, table, a, g, inter, hid, experts, ra);
+    else if (held <= 4 && route) moe_up_launch<FORMAT, true, 4>(up_grid, st, table, a, g, inter, hid, experts, ra);
+    else if (held <= 4) moe_up_launch<FORMAT, false, 4>(up_grid, st, table, a, g, inter, hid, experts, ra);
+    else if (route) moe_up_launch<FORMAT, true, ROW_HELD>(up_grid, st, table, a, g, inter, hid, experts, ra);
+    else moe_up_launch<FORMAT, false, ROW_HELD>(up_grid, st, table, a, g, inter, hid, experts, ra);
     const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs(a.k) - 1) / moe_down_outputs(a.k));
     launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
         table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);

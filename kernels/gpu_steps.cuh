@@ -293,7 +293,8 @@ __device__ inline uint32_t order_key(float f) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
-/* Experts a lane holds on route_row_held's path. */
+/* Experts a lane holds on route_row_held's path, at most (route_row picks 2, 4 or 8:
+ * every slot costs its instructions whether or not it holds an expert). */
 #define ROUTE_HELD 8
 
 /* route_row where the experts are one group, at most ROUTE_HELD a lane, and k at most
@@ -302,14 +303,14 @@ __device__ inline uint32_t order_key(float f) {
  * warp's largest key and the lowest expert holding it, two warp reductions where
  * warp_best's exchanges took ten, each waiting on the last; the same picks, the first
  * maximum as coli_route's. False (nothing written) where it does not apply. */
-__device__ inline bool route_row_held(const route_args &a, int64_t r, int32_t *ri, float *rw, int lane) {
+template <int H> __device__ inline bool route_row_held(const route_args &a, int64_t r, int32_t *ri, float *rw, int lane) {
     const int E = a.experts, k = a.k;
-    if (a.groups != 1 || a.topk_group < 1 || E > ROUTE_HELD * WARP || k > WARP) return false;
+    if (a.groups != 1 || a.topk_group < 1 || E > H * WARP || k > WARP) return false;
     const float *lg = a.logits + r * E;
-    float score[ROUTE_HELD];
-    uint32_t key[ROUTE_HELD], nan = 0;
+    float score[H];
+    uint32_t key[H], nan = 0;
 #pragma unroll
-    for (int h = 0; h < ROUTE_HELD; h++) {
+    for (int h = 0; h < H; h++) {
         const int e = lane + h * WARP;
         score[h] = 0.0f, key[h] = 0u; /* below every float's key: never picked */
         if (e < E) {
@@ -326,12 +327,12 @@ __device__ inline bool route_row_held(const route_args &a, int64_t r, int32_t *r
         uint32_t lk = 0u, le = 0xFFFFFFFFu; /* this lane's largest key, its lowest expert */
         float ls = 0.0f;
 #pragma unroll
-        for (int h = 0; h < ROUTE_HELD; h++)
+        for (int h = 0; h < H; h++)
             if (key[h] > lk) lk = key[h], le = (uint32_t)(lane + h * WARP), ls = score[h];
         const uint32_t top = coli_warp_max(lk), e = coli_warp_min(lk == top ? le : 0xFFFFFFFFu);
         const float se = COLI_SHFL(ls, (int)(e % WARP)); /* its lane's own best is e */
 #pragma unroll
-        for (int h = 0; h < ROUTE_HELD; h++)
+        for (int h = 0; h < H; h++)
             if ((uint32_t)(lane + h * WARP) == e) key[h] = 0u;
         if (j == lane) mine = se, pick = (int32_t)e;
         sum += se;
@@ -346,7 +347,10 @@ __device__ inline bool route_row_held(const route_args &a, int64_t r, int32_t *r
  * instead of a pass over the experts on one thread. 32-bit indices: a 64-bit
  * division is a long software routine on a GPU. */
 __device__ inline void route_row(const route_args &a, int64_t r, int32_t *ri, float *rw, route_scratch &s, int lane) {
-    if (route_row_held(a, r, ri, rw, lane)) return;
+    if (a.experts <= 2 * WARP ? route_row_held<2>(a, r, ri, rw, lane)
+        : a.experts <= 4 * WARP ? route_row_held<4>(a, r, ri, rw, lane)
+                                : route_row_held<ROUTE_HELD>(a, r, ri, rw, lane))
+        return;
     const int E = a.experts, G = a.groups, per = E / G, k = a.k;
     const float *lg = a.logits + r * E;
     for (int e = lane; e < E; e += WARP) {
@@ -475,29 +479,30 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
  * warp's loads and sums in series: ncu, latency-bound). */
 #define MOE_UP_SPLIT 4
 
-/* A piece of a row of up to ROW_HELD words a lane in registers: weight_row_dot's words
- * path over words [first, end) with every word (and int4 scale) of the lane loaded
- * before any is used, so a decode's expert rows wait for memory once, not once per
- * few words. */
+/* A piece of a row of up to HELD words a lane in registers (HELD 2, 4 or ROW_HELD, the
+ * fewest that hold the piece: moe_up_held; every slot costs its instructions whether
+ * or not it holds a word): weight_row_dot's words path over words [first, end) with
+ * every word (and int4 scale) of the lane loaded before any is used, so a decode's
+ * expert rows wait for memory once, not once per few words. */
 #define ROW_HELD 8
-template <int FORMAT> __device__ inline int64_t piece_words(const dev_weight &w) {
-    return (w.cols / fmt<FORMAT>::per_word + MOE_UP_SPLIT - 1) / MOE_UP_SPLIT;
+template <int FORMAT> __host__ __device__ inline int64_t piece_words(int64_t cols) {
+    return (cols / fmt<FORMAT>::per_word + MOE_UP_SPLIT - 1) / MOE_UP_SPLIT;
 }
-template <int FORMAT> __device__ inline bool row_held(const dev_weight &w) {
+template <int FORMAT, int HELD> __device__ inline bool row_held(const dev_weight &w) {
     constexpr int PW = fmt<FORMAT>::per_word;
     return w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0) &&
-           piece_words<FORMAT>(w) <= ROW_HELD * WARP;
+           piece_words<FORMAT>(w.cols) <= HELD * WARP;
 }
 
-template <int FORMAT>
+template <int FORMAT, int HELD>
 __device__ inline void row_words(const dev_weight &w, int64_t row, int64_t first, int64_t end, int lane,
-                                 uint32_t (&q)[ROW_HELD], float (&sc)[ROW_HELD]) {
+                                 uint32_t (&q)[HELD], float (&sc)[HELD]) {
     constexpr int PW = fmt<FORMAT>::per_word;
     const int64_t base = row * (w.cols / PW);
     const uint32_t *words = (const uint32_t *)w.q;
     const q4_scale_of<FORMAT> scales(w.cols, w.group);
 #pragma unroll
-    for (int j = 0; j < ROW_HELD; j++) {
+    for (int j = 0; j < HELD; j++) {
         const int64_t wn = first + lane + (int64_t)j * WARP;
         q[j] = wn < end ? words[w.layout ? mma_word(base + wn) : base + wn] : 0u;
         sc[j] = FORMAT == COLI_FMT_Q4 && wn < end ? w.scale[scales.at(row, wn)] : 0.0f;
@@ -505,14 +510,14 @@ __device__ inline void row_words(const dev_weight &w, int64_t row, int64_t first
 }
 
 /* The piece's dot from the held words, weight_row_dot's products (int8: scaled). */
-template <int FORMAT>
+template <int FORMAT, int HELD>
 __device__ inline float row_dot_held(const dev_weight &w, int64_t row, int64_t first, int64_t end, const float *x,
-                                     int lane, const uint32_t (&q)[ROW_HELD], const float (&sc)[ROW_HELD]) {
+                                     int lane, const uint32_t (&q)[HELD], const float (&sc)[HELD]) {
     constexpr int PW = fmt<FORMAT>::per_word;
     float acc = 0.0f;
     /* a guard, not a break: every word's loads of x may then be issued together */
 #pragma unroll
-    for (int j = 0; j < ROW_HELD; j++) {
+    for (int j = 0; j < HELD; j++) {
         const int64_t wn = first + lane + (int64_t)j * WARP;
         if (wn < end) {
             float v[PW];
@@ -534,7 +539,7 @@ __device__ inline float row_dot_held(const dev_weight &w, int64_t row, int64_t f
  * routes the block's row itself, so the experts wait for no kernel between the
  * router's logits and their loads, and the first block of each row writes the
  * row's picks and weights for moe_down_kernel. */
-template <int FORMAT, bool ROUTED>
+template <int FORMAT, bool ROUTED, int HELD>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
                               int64_t inter, int64_t hid, int64_t experts, route_args route) {
     __shared__ float parts[2][STEP_THREADS / WARP];
@@ -568,15 +573,15 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
         const float *xr = x + blockIdx.y / (uint32_t)k * hid;
         /* both read before either dot: one wait, not two */
         const dev_weight wg = tabled ? table[2 * e] : ws[3 * e], wu = tabled ? table[2 * e + 1] : ws[3 * e + 1];
-        if (row_held<FORMAT>(wg) && row_held<FORMAT>(wu) && wg.cols == wu.cols) {
-            const int64_t span = piece_words<FORMAT>(wg), first = piece * span, per_row = wg.cols / fmt<FORMAT>::per_word;
+        if (row_held<FORMAT, HELD>(wg) && row_held<FORMAT, HELD>(wu) && wg.cols == wu.cols) {
+            const int64_t span = piece_words<FORMAT>(wg.cols), first = piece * span, per_row = wg.cols / fmt<FORMAT>::per_word;
             const int64_t end = first + span < per_row ? first + span : per_row;
-            uint32_t qg[ROW_HELD], qu[ROW_HELD];
-            float sg[ROW_HELD], su[ROW_HELD];
-            row_words<FORMAT>(wg, i, first, end, lane, qg, sg);
-            row_words<FORMAT>(wu, i, first, end, lane, qu, su);
-            g = row_dot_held<FORMAT>(wg, i, first, end, xr, lane, qg, sg);
-            u = row_dot_held<FORMAT>(wu, i, first, end, xr, lane, qu, su);
+            uint32_t qg[HELD], qu[HELD];
+            float sg[HELD], su[HELD];
+            row_words<FORMAT, HELD>(wg, i, first, end, lane, qg, sg);
+            row_words<FORMAT, HELD>(wu, i, first, end, lane, qu, su);
+            g = row_dot_held<FORMAT, HELD>(wg, i, first, end, xr, lane, qg, sg);
+            u = row_dot_held<FORMAT, HELD>(wu, i, first, end, xr, lane, qu, su);
         } else if (piece == 0) { /* rows too long to hold: the first warp takes the whole row */
             g = weight_row_dot<FORMAT>(wg, i, xr, lane), u = weight_row_dot<FORMAT>(wu, i, xr, lane);
         }
