@@ -13,7 +13,8 @@
  *   gpu_decode_tiled.cuh int4 S = 1 of wide rows stored tile by tile, sm_90
  *   gpu_mma.cuh         int8 and int4, S = 2 to 16, on the tensor cores
  *   gpu_gemm.cuh        int8 and int4 past 16 tokens, on the tensor cores
- *   gpu_gemv.cuh        f32 up to 16 tokens: a read of W once per 8 tokens
+ *   gpu_gemv.cuh        f32 up to 16 tokens: a read of W once per 8 tokens; one token
+ *                       of few rows with all of W loaded before the wait
  *   gpu_tile.cuh        past 16 tokens what the tensor cores do not take
  *   gpu_simple.cuh      any call; the reference the bench checks against
  *

@@ -1,4 +1,4 @@
-/* f32 at up to 16 tokens: gemv_kernel. */
+/* f32 at up to 16 tokens: gemv_kernel; one token of a few rows: gemv_held_kernel. */
 #ifndef COLI_GPU_GEMV_CUH
 #define COLI_GPU_GEMV_CUH
 
