@@ -342,9 +342,10 @@ template <int H> __device__ inline bool route_row_held(const route_args &a, int6
     return true;
 }
 
-/* coli_route's steps for row r on one warp, its picks and weights into ri and rw.
- * Every pick a warp-wide first maximum (warp_best), so each takes a few shuffles
- * instead of a pass over the experts on one thread. 32-bit indices: a 64-bit
+/* coli_route's steps for row r on one warp, its picks and weights into ri and rw:
+ * route_row_held where it applies, else every pick a warp-wide first maximum
+ * (warp_best), so each takes a few shuffles instead of a pass over the experts on one
+ * thread. 32-bit indices: a 64-bit
  * division is a long software routine on a GPU. */
 __device__ inline void route_row(const route_args &a, int64_t r, int32_t *ri, float *rw, route_scratch &s, int lane) {
     if (a.experts <= 2 * WARP ? route_row_held<2>(a, r, ri, rw, lane)
@@ -471,7 +472,7 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
 /* Experts whose weights' descriptions a block of moe_up_kernel or moe_down_kernel
  * copies to shared memory while the kernels before it still run (the step never
  * changes them), so an expert's pick waits on no load of its description. */
-#define DOWN_TABLE 128
+#define EXPERT_TABLE 128
 
 /* Warps a row of moe_up_kernel: each dots its piece of the row's words, so a
  * decode's few rows spread over that many times the warps and each waits on that
@@ -480,8 +481,8 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
 #define MOE_UP_SPLIT 4
 
 /* A piece of a row of up to HELD words a lane in registers (HELD 2, 4 or ROW_HELD, the
- * fewest that hold the piece: moe_up_held; every slot costs its instructions whether
- * or not it holds a word): weight_row_dot's words path over words [first, end) with
+ * fewest that hold the piece, picked by launch_moe; every slot costs its instructions
+ * whether or not it holds a word): weight_row_dot's words path over words [first, end) with
  * every word (and int4 scale) of the lane loaded before any is used, so a decode's
  * expert rows wait for memory once, not once per few words. */
 #define ROW_HELD 8
@@ -543,9 +544,9 @@ template <int FORMAT, bool ROUTED, int HELD>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
                               int64_t inter, int64_t hid, int64_t experts, route_args route) {
     __shared__ float parts[2][STEP_THREADS / WARP];
-    __shared__ dev_weight table[2 * DOWN_TABLE]; /* each expert's gate and up, as moe_down_kernel's */
+    __shared__ dev_weight table[2 * EXPERT_TABLE]; /* each expert's gate and up, as moe_down_kernel's */
     coli_allow_next_grid();
-    const bool tabled = experts <= DOWN_TABLE;
+    const bool tabled = experts <= EXPERT_TABLE;
     if (tabled)
         for (int64_t t = threadIdx.x; t < 2 * experts; t += blockDim.x) table[t] = ws[3 * (t / 2) + t % 2];
     coli_wait_prior_grid();
@@ -670,11 +671,11 @@ __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel
                                 int64_t k, int64_t inter, int64_t hid, int64_t experts) {
     constexpr int PW = fmt<FORMAT>::per_word;
     __shared__ float vals[STEP_THREADS / WARP * DOWN_ITEMS];
-    __shared__ dev_weight table[DOWN_TABLE];
+    __shared__ dev_weight table[EXPERT_TABLE];
     __shared__ int32_t picks[16];
     __shared__ float weights[16];
     coli_allow_next_grid();
-    const bool tabled = experts <= DOWN_TABLE;
+    const bool tabled = experts <= EXPERT_TABLE;
     if (tabled)
         for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) table[e] = ws[3 * e + 2];
     coli_wait_prior_grid();
