@@ -176,18 +176,8 @@ __device__ inline uint32_t coli_warp_max(uint32_t v) {
 #endif
 }
 
-/* The smallest of a warp's 32 values, as coli_warp_max. */
-__device__ inline uint32_t coli_warp_min(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    return __reduce_min_sync(0xFFFFFFFFu, v);
-#else
-    for (int o = 16; o > 0; o /= 2) {
-        const uint32_t u = COLI_SHFL_XOR(v, o);
-        v = u < v ? u : v;
-    }
-    return v;
-#endif
-}
+/* The smallest of a warp's 32 values: the complement of the largest complement. */
+__device__ inline uint32_t coli_warp_min(uint32_t v) { return ~coli_warp_max(~v); }
 
 /* Bytes of {b, a} picked by the selector's nibbles (0-3 a's, 4-7 b's): the prmt
  * instruction on NVIDIA GPUs, written out elsewhere. */
