@@ -312,22 +312,40 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
     *pn = n;
 }
 
+/* A route op's case: logits and bias in, the CPU's picks and weights (ri, rw) and the
+ * backend's (gi, gw) out, rows * k each. */
+typedef struct route_case {
+    const float *lg, *bias;
+    int64_t rows, experts, groups, topk_group, k;
+    int32_t *ri;
+    float *rw;
+    int32_t *gi;
+    float *gw;
+} route_case;
+
+/* The route op against coli_route, row by row: the picks exactly, the weights to 1e-5. */
+static void route_against_cpu(ctx *x, route_case t) {
+    const int64_t E = t.experts, K = t.k, n = t.rows * K;
+    for (int64_t r = 0; r < t.rows; r++)
+        coli_route(t.lg + r * E, t.bias, E, t.groups, t.topk_group, K, 1, 2.5f, t.ri + r * K, t.rw + r * K);
+    coli_ref l = put(x, t.lg, (size_t)(t.rows * E) * 4), br = put(x, t.bias, (size_t)E * 4);
+    coli_ref io = put(x, NULL, (size_t)n * 4), wo = put(x, NULL, (size_t)n * 4);
+    run_op(x, coli_op_route(l, br, io, wo, t.rows, E, t.groups, t.topk_group, K, 1, 2.5f), 0, 1);
+    get(x, io, t.gi, (size_t)n * 4);
+    get(x, wo, t.gw, (size_t)n * 4);
+    x->c->exact = 1;
+    x->c->err = (double)differ_i32(t.gi, t.ri, n) + (rel_err(t.gw, t.rw, n) > 1e-5);
+}
+
 static void check_experts(coli_backend *b, op_check *checks, int *pn) {
     int n = *pn;
     {
-        const int64_t rows = 5, E = 64, G = 8, TG = 4, K = 6;
+        const int64_t rows = 5, E = 64, K = 6;
         BEGIN("route", "5 rows, 64 experts in 8 groups, top 4 groups, 6 experts");
         float *lg = F(rows * E), *bias = F(E), *rw = F(rows * K), *gw = F(rows * K);
         int32_t ri[5 * 6], gi[5 * 6];
         fill(lg, rows * E, 3.0f), fill(bias, E, 0.5f);
-        for (int64_t r = 0; r < rows; r++) coli_route(lg + r * E, bias, E, G, TG, K, 1, 2.5f, ri + r * K, rw + r * K);
-        coli_ref l = put(&X, lg, (size_t)(rows * E) * 4), br = put(&X, bias, (size_t)E * 4);
-        coli_ref io = put(&X, NULL, sizeof gi), wo = put(&X, NULL, (size_t)(rows * K) * 4);
-        run_op(&X, coli_op_route(l, br, io, wo, rows, E, G, TG, K, 1, 2.5f), 0, 1);
-        get(&X, io, gi, sizeof gi);
-        get(&X, wo, gw, (size_t)(rows * K) * 4);
-        c->exact = 1;
-        c->err = (double)differ_i32(gi, ri, rows * K) + (rel_err(gw, rw, rows * K) > 1e-5);
+        route_against_cpu(&X, (route_case){lg, bias, rows, E, 8, 4, K, ri, rw, gi, gw});
         END();
     }
     {
@@ -347,14 +365,7 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
             for (int64_t on = 32; on <= 64; on += on == 32 ? 13 : 19)
                 row[best + on] = row[best], bias[best + on] = bias[best];
         }
-        for (int64_t r = 0; r < rows; r++) coli_route(lg + r * E, bias, E, 1, 1, K, 1, 2.5f, ri + r * K, rw + r * K);
-        coli_ref l = put(&X, lg, (size_t)(rows * E) * 4), br = put(&X, bias, (size_t)E * 4);
-        coli_ref io = put(&X, NULL, sizeof gi), wo = put(&X, NULL, (size_t)(rows * K) * 4);
-        run_op(&X, coli_op_route(l, br, io, wo, rows, E, 1, 1, K, 1, 2.5f), 0, 1);
-        get(&X, io, gi, sizeof gi);
-        get(&X, wo, gw, (size_t)(rows * K) * 4);
-        c->exact = 1;
-        c->err = (double)differ_i32(gi, ri, rows * K) + (rel_err(gw, rw, rows * K) > 1e-5);
+        route_against_cpu(&X, (route_case){lg, bias, rows, E, 1, 1, K, ri, rw, gi, gw});
         END();
     }
     static const char *names[] = {"f32", "int8", "int4"};

@@ -298,13 +298,17 @@ static route_args route_args_of(const coli_rec_op *o) {
                       (int)a.norm, a.scaling};
 }
 
-/* A decode's moe_up_kernel: ROUTED where the route op before it is its too, HELD words
- * a lane of a row's piece. */
-template <int FORMAT, bool ROUTED, int HELD>
-static void moe_up_launch(dim3 grid, cudaStream_t st, const dev_weight *table, const coli_moe_operands &a,
+/* A decode's moe_up_kernel, HELD words a lane of a row's piece; routed where the
+ * route op before it is its too. */
+template <int FORMAT, int HELD>
+static void moe_up_launch(bool routed, dim3 grid, cudaStream_t st, const dev_weight *table, const coli_moe_operands &a,
                           const gpu_rec *g, int64_t inter, int64_t hid, int64_t experts, const route_args &ra) {
-    launch_early(chain_calls(), moe_up_kernel<FORMAT, ROUTED, HELD>, grid, dim3(STEP_THREADS), 0, st, table, a.x, a.idx,
-                 g->moe_gu, a.k, inter, hid, experts, ra);
+    if (routed)
+        launch_early(chain_calls(), moe_up_kernel<FORMAT, true, HELD>, grid, dim3(STEP_THREADS), 0, st, table, a.x,
+                     a.idx, g->moe_gu, a.k, inter, hid, experts, ra);
+    else
+        launch_early(chain_calls(), moe_up_kernel<FORMAT, false, HELD>, grid, dim3(STEP_THREADS), 0, st, table, a.x,
+                     a.idx, g->moe_gu, a.k, inter, hid, experts, ra);
 }
 
 /* `route`: the route op before it, where the two are one unit (UNIT_ROUTE_MOE), else NULL. */
@@ -338,12 +342,9 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     const dim3 up_grid(decode_up_blocks, (unsigned)pairs);
     const route_args ra = route ? route_args_of(route) : route_args{};
     const int64_t held = (piece_words<FORMAT>(hid) + WARP - 1) / WARP; /* words a lane of a piece */
-    if (held <= 2 && route) moe_up_launch<FORMAT, true, 2>(up_grid, st, table, a, g, inter, hid, experts, ra);
-    else if (held <= 2) moe_up_launch<FORMAT, false, 2>(up_grid, st, table, a, g, inter, hid, experts, ra);
-    else if (held <= 4 && route) moe_up_launch<FORMAT, true, 4>(up_grid, st, table, a, g, inter, hid, experts, ra);
-    else if (held <= 4) moe_up_launch<FORMAT, false, 4>(up_grid, st, table, a, g, inter, hid, experts, ra);
-    else if (route) moe_up_launch<FORMAT, true, ROW_HELD>(up_grid, st, table, a, g, inter, hid, experts, ra);
-    else moe_up_launch<FORMAT, false, ROW_HELD>(up_grid, st, table, a, g, inter, hid, experts, ra);
+    if (held <= 2) moe_up_launch<FORMAT, 2>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
+    else if (held <= 4) moe_up_launch<FORMAT, 4>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
+    else moe_up_launch<FORMAT, ROW_HELD>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
     const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs(a.k) - 1) / moe_down_outputs(a.k));
     launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
         table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
