@@ -1098,6 +1098,16 @@ static inline int64_t attend_rows(int64_t pairs, int64_t keys) {
  * 32 / ATTEND_KEYS, a key a group, so a warp has that many keys' loads in flight. */
 #define ATTEND_KEYS 4
 
+/* Blocks of attend_part_kernel an SM holds at least: a long context's decode has 512
+ * of them (16 pairs x 32 rows), one wave at four an SM, two at three (80 registers a
+ * thread took it there, and its decode after 4,000 tokens 13% slower). HIP reads the
+ * number as waves an EU: 1. */
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
+#define ATTEND_MIN_BLOCKS 1
+#else
+#define ATTEND_MIN_BLOCKS 4
+#endif
+
 /* Values of a query's and a key's row a lane of attend_part_kernel holds (rows up to
  * 32 / ATTEND_KEYS * ATTEND_QK_HELD long): a loop over the row waited on memory once
  * per few values. */
@@ -1133,7 +1143,7 @@ __device__ inline float columns_sum(float a, float *acc, int64_t width) {
  * out = sum over spans of w_c v_c / sum over spans of w_c sum_c, w_c = exp(m_c - M)
  * (0 for a span with no selected key), M the largest m of those with one. Where the
  * query's keys fit one span its block writes out itself. */
-__global__ void attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
+__global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
                                    int32_t *counts, float *attn, const int64_t *pos, int64_t heads, int64_t qk,
                                    int64_t vdim, int64_t stride, float scaling) {
     STEP_KERNEL_BEGIN();
@@ -1187,16 +1197,32 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         if (in && sub == 0) p[t - t0] = on ? d * scaling : -INFINITY;
     }
     __syncthreads();
-    float mx = -INFINITY;
-    for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) mx = fmaxf(mx, p[t - t0]);
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) {
-        const float e = mx == -INFINITY ? 0.0f : expf(p[t - t0] - mx);
-        p[t - t0] = e;
-        sum += e;
+    /* A span of a warp's keys or fewer (a short decode's): every warp takes the max, the
+     * exps and their sum itself, lane l key t0 + l, the same values and sums as the
+     * block's reductions (the other warps' parts there are -inf and 0), with no barrier;
+     * the weighted v below takes each key's exp from its lane. */
+    const bool narrow = t1 - t0 < WARP;
+    float mx = -INFINITY, sum = 0.0f, e = 0.0f;
+    if (narrow) {
+        const bool mine = t0 + lane <= t1;
+        const float sc = mine ? p[lane] : -INFINITY;
+        mx = warp_max(sc);
+        e = mine && mx != -INFINITY ? expf(sc - mx) : 0.0f;
+        sum = warp_sum(e);
+        if (!v_held) { /* the loop over v below reads the exps from p */
+            if (warp == 0 && mine) p[lane] = e;
+            __syncthreads();
+        }
+    } else {
+        for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) mx = fmaxf(mx, p[t - t0]);
+        mx = block_max(mx, red);
+        for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) {
+            const float x = mx == -INFINITY ? 0.0f : expf(p[t - t0] - mx);
+            p[t - t0] = x;
+            sum += x;
+        }
+        sum = block_sum(sum, red); /* its barriers also order the writes of p before the reads below */
     }
-    sum = block_sum(sum, red); /* its barriers also order the writes of p before the reads below */
     /* One span (the query's keys fit one): its v over its sum is the combine's value
      * (exp(m - M) is 1), written at once; else the span's part for the combine. */
     const int64_t spans = (uint32_t)last / (uint32_t)span + 1, chunks = spans < (int64_t)gridDim.y ? spans : gridDim.y;
@@ -1206,8 +1232,11 @@ __global__ void attend_part_kernel(const float *q, const float *k, const float *
         float a = 0.0f;
         if (v_held) {
 #pragma unroll
-            for (int j = 0; j < ATTEND_V_HELD; j++)
-                if (g < groups && t0 + g + j * groups <= t1) a += p[g + j * groups] * vh[j];
+            for (int j = 0; j < ATTEND_V_HELD; j++) {
+                const int64_t at = g + j * groups;
+                const float pj = narrow ? COLI_SHFL(e, (int)(at < WARP ? at : 0)) : p[at < ATTEND_CHUNK ? at : 0];
+                if (g < groups && t0 + at <= t1) a += pj * vh[j];
+            }
         } else if (g < groups) {
 #pragma unroll 4
             for (int64_t t = t0 + g; t <= t1; t += groups) a += p[t - t0] * v[(t * heads + h) * vdim + d];
