@@ -345,7 +345,7 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     if (held <= 2) moe_up_launch<FORMAT, 2>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
     else if (held <= 4) moe_up_launch<FORMAT, 4>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
     else moe_up_launch<FORMAT, ROW_HELD>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
-    const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs(a.k) - 1) / moe_down_outputs(a.k));
+    const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs<FORMAT>(a.k) - 1) / moe_down_outputs<FORMAT>(a.k));
     launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
         table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
 }

@@ -469,6 +469,13 @@ template <int FORMAT> __device__ inline float weight_row_dot(const dev_weight &w
     return FORMAT == COLI_FMT_Q8 ? acc * w.scale[row] : acc;
 }
 
+/* weight_row_dot as a call, for the rare rows a kernel's held path does not take: its
+ * registers then stay out of the held path's count. */
+template <int FORMAT>
+__device__ __noinline__ float row_dot_apart(const dev_weight &w, int64_t row, const float *x, int lane) {
+    return weight_row_dot<FORMAT>(w, row, x, lane);
+}
+
 /* Experts whose weights' descriptions a block of moe_up_kernel or moe_down_kernel
  * copies to shared memory while the kernels before it still run (the step never
  * changes them), so an expert's pick waits on no load of its description. */
@@ -595,29 +602,27 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     gu[pair * inter + i] = dev_silu(gs) * us;
 }
 
-/* order[0..k): a row's picks 0..k-1 in ascending expert order (ties in pick order). */
-__device__ inline void expert_order(const int32_t *ri, int k, int *order) {
-    for (int j = 0; j < k; j++) order[j] = j;
-    for (int a = 1; a < k; a++) /* insertion sort */
-        for (int b = a; b > 0 && ri[order[b]] < ri[order[b - 1]]; b--) {
-            const int t = order[b];
-            order[b] = order[b - 1];
-            order[b - 1] = t;
-        }
-}
-
-/* A row's output: sum over its picks in ascending expert order of w * value(pair, e),
- * a pick outside the experts adding 0; the one order both expert paths add in. ri and
- * rw: the row's k picks and weights, first_pair its first pair (row * k). */
+/* A row's output: sum over its picks in ascending expert order (ties in pick order)
+ * of w * value(pair, e), a pick outside the experts adding 0; the one order both
+ * expert paths add in. ri and rw: the row's k picks and weights, first_pair its first
+ * pair (row * k). Each step takes the least (expert, pick) past the last one added,
+ * k passes over k picks: a sorted copy of the picks would sit in local memory. */
 template <typename Value>
 __device__ inline float expert_sum_of(const int32_t *ri, const float *rw, int64_t first_pair, int64_t k,
                                       int64_t experts, Value value) {
-    int order[16];
-    expert_order(ri, (int)k, order);
     float acc = 0.0f;
-    for (int j = 0; j < (int)k; j++) {
-        const int32_t e = ri[order[j]];
-        acc += (e >= 0 && e < experts ? value(first_pair + order[j], e) : 0.0f) * rw[order[j]];
+    int32_t last_e = INT32_MIN;
+    int last_j = -1;
+    for (int n = 0; n < (int)k; n++) {
+        int best = -1;
+        int32_t best_e = 0;
+        for (int j = 0; j < (int)k; j++) {
+            const int32_t e = ri[j];
+            const bool past = e > last_e || (e == last_e && j > last_j);
+            if (past && (best < 0 || e < best_e)) best = j, best_e = e;
+        }
+        last_e = best_e, last_j = best;
+        acc += (best_e >= 0 && best_e < experts ? value(first_pair + best, best_e) : 0.0f) * rw[best];
     }
     return acc;
 }
@@ -634,43 +639,47 @@ struct held_value {
     __device__ float operator()(int64_t pair, int32_t) const { return vals[pair - first_pair]; }
 };
 
-/* (output, pick) dots a warp of moe_down_kernel takes at once, and the words of a down
- * row a lane holds for each: a decode's down rows are its experts' intermediate width,
- * a word or two a lane, so a warp with one dot waited on memory for a word; with
- * DOWN_ITEMS every load of them is in flight together. */
-#define DOWN_ITEMS 4
-#define DOWN_HELD 1
+/* (output, pick) dots a warp of moe_down_kernel takes at once: a decode's down rows
+ * are its experts' intermediate width, a word a lane, so a warp with one dot waited
+ * on memory for a word; with down_items every load of them is in flight together.
+ * int4 two: its words hold 8 inputs each, and four items' took more registers than
+ * the kernel's bound leaves. */
+template <int FORMAT> __host__ __device__ constexpr int down_items() { return FORMAT == COLI_FMT_Q4 ? 2 : 4; }
 
-/* Outputs a block of moe_down_kernel takes: its warps share them out DOWN_ITEMS
+/* Outputs a block of moe_down_kernel takes: its warps share them out down_items
  * (output, pick) dots each, so a row's k dots run side by side. */
-__host__ __device__ inline int64_t moe_down_outputs(int64_t k) {
-    const int64_t items = STEP_THREADS / WARP * DOWN_ITEMS;
+template <int FORMAT> __host__ __device__ inline int64_t moe_down_outputs(int64_t k) {
+    const int64_t items = STEP_THREADS / WARP * down_items<FORMAT>();
     return k > 0 && k < items ? items / k : 1;
 }
 
-/* Whether a down row's words fit DOWN_HELD a lane on moe_down_kernel's held path:
+/* Whether a down row's words fit a word a lane on moe_down_kernel's held path:
  * weight_row_dot's words path. */
 template <int FORMAT> __device__ inline bool down_held(const dev_weight &w) {
     constexpr int PW = fmt<FORMAT>::per_word;
     return w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0) &&
-           w.cols / PW <= DOWN_HELD * WARP;
+           w.cols / PW <= WARP;
 }
 
-/* out[row][d] = expert_sum of the down rows d: a warp DOWN_ITEMS (d, pick) dots, each
- * weight_row_dot's sums (the words of one held path, loaded before any is used), then
- * a thread an output adds its picks in that order. Two blocks an SM (the registers
- * bounded so; HIP reads the number as waves an EU: 1): a decode's grid is about two
- * blocks an SM. */
+/* out[row][d] = expert_sum of the down rows d: a warp down_items (d, pick) dots, each
+ * weight_row_dot's sums (a word a lane, every item's loads issued before any is
+ * used), then a thread an output adds its picks in that order. Four blocks an SM at
+ * most 64 registers (HIP reads the number as waves an EU: 1): the kernel is launched
+ * early and holds its room while the experts' first kernel runs, and at two blocks
+ * an SM (124 registers) that room was every register the SM had, so the shared
+ * expert's kernels beside it could not start until the first kernel's blocks left.
+ * An item holds no more than its word, scale and inputs (its weight's description is
+ * read again from the table where a dot needs it). */
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
 #define DOWN_MIN_BLOCKS 1
 #else
-#define DOWN_MIN_BLOCKS 2
+#define DOWN_MIN_BLOCKS 4
 #endif
 template <int FORMAT>
 __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, const float *w, float *out,
                                 int64_t k, int64_t inter, int64_t hid, int64_t experts) {
-    constexpr int PW = fmt<FORMAT>::per_word;
-    __shared__ float vals[STEP_THREADS / WARP * DOWN_ITEMS];
+    constexpr int PW = fmt<FORMAT>::per_word, ITEMS = down_items<FORMAT>();
+    __shared__ float vals[STEP_THREADS / WARP * ITEMS];
     __shared__ dev_weight table[EXPERT_TABLE];
     __shared__ int32_t picks[16];
     __shared__ float weights[16];
@@ -679,69 +688,60 @@ __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel
     if (tabled)
         for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) table[e] = ws[3 * e + 2];
     coli_wait_prior_grid();
-    const int64_t r = blockIdx.y, per = moe_down_outputs(k), d0 = blockIdx.x * per, items = per * k;
+    /* 32-bit: a decode's outputs and items are few */
+    const int r = blockIdx.y, kk = (int)k, per = (int)moe_down_outputs<FORMAT>(k), d0 = blockIdx.x * per, items = per * kk;
     if (threadIdx.x < k) picks[threadIdx.x] = idx[r * k + threadIdx.x], weights[threadIdx.x] = w[r * k + threadIdx.x];
     __syncthreads();
     const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    for (int64_t first = threadIdx.x / WARP * DOWN_ITEMS; first < items; first += nw * DOWN_ITEMS) {
-        dev_weight wt[DOWN_ITEMS];
-        int64_t d[DOWN_ITEMS], pair[DOWN_ITEMS];
-        bool live[DOWN_ITEMS], held[DOWN_ITEMS];
-        uint32_t q[DOWN_ITEMS][DOWN_HELD];
-        float sc[DOWN_ITEMS][DOWN_HELD], xv[DOWN_ITEMS][DOWN_HELD][PW], rs[DOWN_ITEMS];
+    for (int first = threadIdx.x / WARP * ITEMS; first < items; first += nw * ITEMS) {
+        uint32_t q[ITEMS], held = 0u, live = 0u;
+        float sc[ITEMS], rs[ITEMS], xv[ITEMS][PW];
 #pragma unroll
-        for (int i = 0; i < DOWN_ITEMS; i++) {
-            const int64_t item = first + i;
-            const uint32_t of = (uint32_t)item / (uint32_t)k, j = (uint32_t)item % (uint32_t)k; /* 32-bit */
-            d[i] = d0 + of, pair[i] = r * k + j;
+        for (int i = 0; i < ITEMS; i++) {
+            const int item = first + i, j = item % kk;
+            const int64_t d = d0 + item / kk;
             const int32_t e = item < items ? picks[j] : -1;
-            live[i] = item < items && d[i] < hid && e >= 0 && e < experts;
-            if (live[i]) wt[i] = tabled ? table[e] : ws[3 * e + 2];
-            held[i] = live[i] && down_held<FORMAT>(wt[i]);
-            rs[i] = 0.0f;
+            q[i] = 0u, sc[i] = 0.0f, rs[i] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < DOWN_HELD; j++) {
-                const int64_t per_row = held[i] ? wt[i].cols / PW : 0, wn = lane + (int64_t)j * WARP;
-                q[i][j] = 0u, sc[i][j] = 0.0f;
+            for (int c = 0; c < PW; c++) xv[i][c] = 0.0f;
+            if (item >= items || d >= hid || e < 0 || e >= experts) continue;
+            live |= 1u << i;
+            const dev_weight &wt = tabled ? table[e] : ws[3 * e + 2];
+            if (!down_held<FORMAT>(wt)) continue;
+            held |= 1u << i;
+            const int64_t per_row = wt.cols / PW, at = d * per_row + lane;
+            if (lane >= per_row) continue; /* its word adds nothing: q, scale and inputs 0 */
+            q[i] = ((const uint32_t *)wt.q)[wt.layout ? mma_word(at) : at];
+            if (FORMAT == COLI_FMT_Q4) sc[i] = wt.scale[q4_scale_of<FORMAT>(wt.cols, wt.group).at(d, lane)];
+            if (FORMAT == COLI_FMT_Q8) rs[i] = wt.scale[d];
+            const float *xs = gu + ((int64_t)r * k + j) * inter + lane * PW;
 #pragma unroll
-                for (int c = 0; c < PW; c++) xv[i][j][c] = 0.0f;
-                if (wn >= per_row) continue;
-                const int64_t at = d[i] * per_row + wn;
-                q[i][j] = ((const uint32_t *)wt[i].q)[wt[i].layout ? mma_word(at) : at];
-                if (FORMAT == COLI_FMT_Q4) sc[i][j] = wt[i].scale[q4_scale_of<FORMAT>(wt[i].cols, wt[i].group).at(d[i], wn)];
-                const float *xs = gu + pair[i] * inter + wn * PW;
-#pragma unroll
-                for (int c = 0; c < PW; c++) xv[i][j][c] = xs[c];
-            }
-            if (FORMAT == COLI_FMT_Q8 && held[i]) rs[i] = wt[i].scale[d[i]];
+            for (int c = 0; c < PW; c++) xv[i][c] = xs[c];
         }
 #pragma unroll
-        for (int i = 0; i < DOWN_ITEMS; i++) {
+        for (int i = 0; i < ITEMS; i++) {
+            const int item = first + i;
             float v = 0.0f;
-            if (held[i]) {
-                const int64_t per_row = wt[i].cols / PW;
-                float acc = 0.0f;
+            if (held >> i & 1u) {
+                float wv[PW];
+                dequant<FORMAT>(q[i], wv);
+                float part = 0.0f;
 #pragma unroll
-                for (int j = 0; j < DOWN_HELD; j++) {
-                    if (lane + (int64_t)j * WARP >= per_row) break;
-                    float wv[PW];
-                    dequant<FORMAT>(q[i][j], wv);
-                    float part = 0.0f;
-#pragma unroll
-                    for (int c = 0; c < PW; c++) part += wv[c] * xv[i][j][c];
-                    acc += FORMAT == COLI_FMT_Q4 ? part * sc[i][j] : part;
-                }
-                acc = warp_sum(acc);
+                for (int c = 0; c < PW; c++) part += wv[c] * xv[i][c];
+                const float acc = warp_sum(FORMAT == COLI_FMT_Q4 ? part * sc[i] : part);
                 v = FORMAT == COLI_FMT_Q8 ? acc * rs[i] : acc;
-            } else if (live[i]) {
-                v = weight_row_dot<FORMAT>(wt[i], d[i], gu + pair[i] * inter, lane);
+            } else if (live >> i & 1u) {
+                const int j = item % kk;
+                const int32_t e = picks[j];
+                v = row_dot_apart<FORMAT>(tabled ? table[e] : ws[3 * e + 2], d0 + item / kk,
+                                           gu + ((int64_t)r * k + j) * inter, lane);
             }
-            if (lane == 0 && first + i < items) vals[first + i] = v;
+            if (lane == 0 && item < items) vals[item] = v;
         }
     }
     __syncthreads();
     const int64_t d = d0 + threadIdx.x;
-    if (threadIdx.x < per && d < hid)
+    if ((int)threadIdx.x < per && d < hid)
         out[r * hid + d] = expert_sum_of(picks, weights, r * k, k, experts, held_value{vals + threadIdx.x * k, r * k});
 }
 
@@ -1257,6 +1257,33 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
     if (one) return;
     if (threadIdx.x == 0) out[0] = mx, out[1] = sum;
     if (!last_block(counts + pair, (int32_t)chunks)) return;
+    if (groups && chunks <= WARP && chunks <= groups * ATTEND_V_HELD) {
+        /* The combine where the spans fit a warp: every warp takes M, the weights and
+         * their total itself, lane c span c, the same values and sums as the block's
+         * reductions below, and each thread's spans' v values load beside the m and
+         * sum: one wait on memory, no barrier before the columns' sum. */
+        const bool mine = lane < chunks;
+        const float *pl = pp + lane * (vdim + 2);
+        const float m = mine ? COLI_LOAD_GRID(pl) : 0.0f, s = mine ? COLI_LOAD_GRID(pl + 1) : 0.0f;
+        float vc[ATTEND_V_HELD];
+#pragma unroll
+        for (int j = 0; j < ATTEND_V_HELD; j++) {
+            const int64_t c = g + j * groups;
+            vc[j] = g < groups && c < chunks ? COLI_LOAD_GRID(pp + c * (vdim + 2) + 2 + d) : 0.0f;
+        }
+        const float M = warp_max(s > 0.0f ? m : -INFINITY), wl = s > 0.0f ? expf(m - M) : 0.0f;
+        const float total = warp_sum(wl * s);
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATTEND_V_HELD; j++) {
+            const int64_t c = g + j * groups;
+            const float wc = COLI_SHFL(wl, (int)(c < WARP ? c : 0));
+            if (g < groups && c < chunks) a += wc * vc[j];
+        }
+        const float sum_v = columns_sum(a, acc, vdim);
+        if (threadIdx.x < vdim) attn[pair * vdim + threadIdx.x] = sum_v / total;
+        return;
+    }
     /* the combine, its spans over the threads: M, then each span's weight w_c over its m */
     float M = -INFINITY;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x)
