@@ -663,8 +663,8 @@ template <int FORMAT> __device__ inline bool down_held(const dev_weight &w) {
 
 /* out[row][d] = expert_sum of the down rows d: a warp down_items (d, pick) dots, each
  * weight_row_dot's sums (a word a lane, every item's loads issued before any is
- * used), then a thread an output adds its picks in that order. Four blocks an SM at
- * most 64 registers (HIP reads the number as waves an EU: 1): the kernel is launched
+ * used), then a thread an output adds its picks in that order. Four blocks an SM, so
+ * 64 registers a thread at most (HIP reads the number as waves an EU: 1): it is launched
  * early and holds its room while the experts' first kernel runs, and at two blocks
  * an SM (124 registers) that room was every register the SM had, so the shared
  * expert's kernels beside it could not start until the first kernel's blocks left.
@@ -1099,9 +1099,8 @@ static inline int64_t attend_rows(int64_t pairs, int64_t keys) {
 #define ATTEND_KEYS 4
 
 /* Blocks of attend_part_kernel an SM holds at least: a long context's decode has 512
- * of them (16 pairs x 32 rows), one wave at four an SM, two at three (80 registers a
- * thread took it there, and its decode after 4,000 tokens 13% slower). HIP reads the
- * number as waves an EU: 1. */
+ * of them (16 pairs x 32 rows), one wave at four an SM, two at three (where the warp
+ * softmax's registers took it unbounded). HIP reads the number as waves an EU: 1. */
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
 #define ATTEND_MIN_BLOCKS 1
 #else
