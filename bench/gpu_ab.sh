@@ -2,7 +2,7 @@
 # Builds compared on one CUDA machine (the device tool), their runs alternating so that
 # every side of a comparison sees the same machine: the working tree as
 # bench/gpu_build.sh builds it (validate included), labelled "tree", and each commit
-# bench/gpu_ab_pack.sh put in .ab/ (carried), built from its tarball by its own task
+# bench/gpu_ab_pack.sh put in .ab/ (AB_DIR; carried), built from its tarball by its own task
 # graph (host and backend; VALIDATE=1: its whole build, validate included). Then the
 # large synthetic model's decode: 128 tokens after the 12-token prompt at each of
 # QUANTS ("int8 int4"), REPEAT times (3), and 64 tokens after a 4,000-token prompt at
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
 source bench/gpu_large.sh
 labels=(tree) hosts=("$HOST") libs=("$LIB")
-for tarball in .ab/*.tar; do
+for tarball in "${AB_DIR:-.ab}"/*.tar; do
   [[ -e $tarball ]] || continue
   rev=$(basename "$tarball" .tar) dir=$work/ab-$rev
   mkdir -p "$dir" && tar -xf "$tarball" -C "$dir"

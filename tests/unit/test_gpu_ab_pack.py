@@ -1,0 +1,50 @@
+"""bench/gpu_ab_pack.sh, which packs commits for the GPU A/B run (bench/gpu_ab.sh runs
+only on a GPU machine): bad input stops it with one line naming what was wrong and
+what is allowed, leaving the pack folder alone; a good one writes a commit's tree."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, need_tool
+
+
+def pack(out: Path, *revs: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(ROOT / "bench/gpu_ab_pack.sh"), *revs], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "AB_DIR": str(out)})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("revs", "why"),
+    [
+        ((), "no revision given; allowed: one or more commits"),
+        (("HEAD", "no-such-rev"), "'no-such-rev' is not a commit"),
+    ],
+)
+def test_bad_input_gets_one_line_and_keeps_the_folder(tmp_path: Path, revs: tuple[str, ...], why: str) -> None:
+    need_tool("git")
+    out = tmp_path / "ab"
+    out.mkdir()
+    (out / "kept.tar").write_bytes(b"x")
+    proc = pack(out, *revs)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and why in lines[0], proc.stderr
+    assert (out / "kept.tar").read_bytes() == b"x"
+
+
+def test_a_commit_is_packed_under_its_short_hash(tmp_path: Path) -> None:
+    need_tool("git")
+    out = tmp_path / "ab"
+    proc = pack(out, "HEAD")
+    assert proc.returncode == 0, proc.stderr
+    short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           check=True).stdout.strip()  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [f"{short}.tar"]
+    with tarfile.open(out / f"{short}.tar") as t:
+        names = set(t.getnames())
+    assert {"README.md", "bench/gpu_ab.sh", "kernels/gpu_steps.cuh"} <= names
