@@ -8,7 +8,7 @@
 # QUANTS ("int8 int4"), REPEAT times (3), and 64 tokens after a 4,000-token prompt at
 # each of LONG ("int8"), LONG_REPEAT times (2). Lines in ${OUT:-bench/out}/ab.jsonl
 # (build, quant, prompt, tok/s, prefill seconds, the generated tokens' hash), then
-# each build's medians.
+# each build's medians (decode tok/s and prefill seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
@@ -51,7 +51,7 @@ runs = collections.defaultdict(list)
 for r in rows:
     runs[(r["quant"], r["prompt"], r["build"])].append(r)
 for (q, prompt, build), rs in sorted(runs.items()):
-    tps = [r["tok_s"] for r in rs]
+    tps, pre = [r["tok_s"] for r in rs], statistics.median(r["prefill_s"] for r in rs)
     print(f"{q} after {prompt:5d} {build:10} median {statistics.median(tps):8.1f} tok/s of {len(tps)} "
-          f"({min(tps):.1f}-{max(tps):.1f}), tokens {sorted({r['generated'] for r in rs})}")
+          f"({min(tps):.1f}-{max(tps):.1f}), prefill {pre:.3f} s, tokens {sorted({r['generated'] for r in rs})}")
 PY
