@@ -44,14 +44,4 @@ for _ in $(seq "${LONG_REPEAT:-2}"); do
     for b in "${!labels[@]}"; do decode "$b" "$q" "$long" 64; done
   done
 done
-python3 - "$out/ab.jsonl" <<'PY'
-import collections, json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-runs = collections.defaultdict(list)
-for r in rows:
-    runs[(r["quant"], r["prompt"], r["build"])].append(r)
-for (q, prompt, build), rs in sorted(runs.items()):
-    tps, pre = [r["tok_s"] for r in rs], statistics.median(r["prefill_s"] for r in rs)
-    print(f"{q} after {prompt:5d} {build:10} median {statistics.median(tps):8.1f} tok/s of {len(tps)} "
-          f"({min(tps):.1f}-{max(tps):.1f}), prefill {pre:.3f} s, tokens {sorted({r['generated'] for r in rs})}")
-PY
+python3 bench/decode_medians.py "$out/ab.jsonl" --by quant,prompt,build --value tok_s --also prefill_s

@@ -25,17 +25,7 @@ for _ in $(seq "${REPEAT:-3}"); do
     for c in ${COMPARE:-}; do decode "$q" "$c"; done
   done
 done
-python3 - "$out/quick.jsonl" <<'EOF'
-import collections, json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-runs = collections.defaultdict(list)
-for r in rows:
-    runs[(r["quant"], r["setting"])].append(r)
-for (q, s), rs in sorted(runs.items()):
-    tps = [r["decode_tokens_per_second"] for r in rs]
-    print(f"{q} {s:28} median {statistics.median(tps):8.1f} tok/s of {len(tps)} ({min(tps):.1f}-{max(tps):.1f}), "
-          f"tokens {sorted({r['generated'] for r in rs})}")
-EOF
+python3 bench/decode_medians.py "$out/quick.jsonl" --by quant,setting --value decode_tokens_per_second
 COLI_GPU_PROFILE=1 "$HOST" --model "$work/large" --ids "$ids" --generate 64 --quant int8 --backend "$LIB" \
   2> "$out/profile.txt" > /dev/null
 cat "$out/profile.txt"

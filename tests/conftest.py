@@ -3,6 +3,7 @@ that an unexpected skip fails the run (COLI_FAIL_ON_SKIP=1, set by nox)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -43,6 +45,15 @@ def run_doit(
 def executed(proc: subprocess.CompletedProcess[str]) -> list[str]:
     """Names of the tasks whose actions ran ('.  name' lines)."""
     return [line[3:].strip() for line in proc.stdout.splitlines() if line.startswith(".  ")]
+
+
+def bench_module(name: str) -> ModuleType:
+    """bench/<name>.py imported as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def need_tool(*names: str) -> None:

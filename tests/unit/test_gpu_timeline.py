@@ -5,21 +5,16 @@ add up to the span, with the idle time apart."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from tests.conftest import ROOT, compile_ok
+from tests.conftest import ROOT, bench_module, compile_ok
 
 
 def timeline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_timeline", ROOT / "bench/gpu_timeline.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("gpu_timeline")
 
 
 def test_the_pieces_add_up_to_the_span_and_overlap_is_not_counted_twice() -> None:
