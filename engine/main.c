@@ -23,6 +23,7 @@
 #include "json_out.h"
 #include "loader.h"
 #include "model.h"
+#include "model_latent.h"
 #include "selftest.h"
 
 #ifndef COLI_VERSION
@@ -44,6 +45,8 @@ static const char USAGE[] =
     "  --quant MODE       f32 (default), int8 or int4 weights (dense matmuls and routed experts)\n"
     "  --backend B        run the model in backend B: ref, cuda or hip (from this program's folder),\n"
     "                     an absolute path, or none (CPU). hip binds the runtime in COLI_HIP_RUNTIME_DIR\n"
+    "  --kv FORM          the CPU path's cache: expanded (default; each head's key and value) or latent\n"
+    "                     (MLA's latent and rope key a position, attention in the absorbed form)\n"
     "  --offload WHAT     with a backend: step (default; the whole forward, every weight resident)\n"
     "                     or matmuls (only the dense matmuls, one call each; the rest on the CPU)\n"
     "  --threads N        CPU threads (default: the CPUs available, at most 16)\n"
@@ -140,7 +143,7 @@ int main(int argc, char **argv) {
         return coli_doctor(argc == 3, stdout);
     }
     const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
-    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count(), whole_step = 1;
+    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count(), whole_step = 1, latent = 0;
     long generate = -1, v;
     quant_mode quant = QUANT_F32;
     selftest_shapes shapes = SELFTEST_CORE_SHAPES;
@@ -163,13 +166,18 @@ int main(int argc, char **argv) {
             teacher = 1;
         } else if (!strcmp(a, "--backend") || !strcmp(a, "--model") || !strcmp(a, "--ids") ||
                    !strcmp(a, "--device") || !strcmp(a, "--threads") || !strcmp(a, "--generate") ||
-                   !strcmp(a, "--quant") || !strcmp(a, "--shapes") || !strcmp(a, "--offload")) {
+                   !strcmp(a, "--quant") || !strcmp(a, "--shapes") || !strcmp(a, "--offload") ||
+                   !strcmp(a, "--kv")) {
             if (!val) return usage_error("option needs a value", a);
             i++;
             if (!strcmp(a, "--backend")) backend_path = strcmp(val, "none") ? val : NULL;
             else if (!strcmp(a, "--model")) model_dir = val;
             else if (!strcmp(a, "--ids")) ids_arg = val;
-            else if (!strcmp(a, "--offload")) {
+            else if (!strcmp(a, "--kv")) {
+                if (!strcmp(val, "latent")) latent = 1;
+                else if (!strcmp(val, "expanded")) latent = 0;
+                else return usage_error("--kv must be expanded or latent", val);
+            } else if (!strcmp(a, "--offload")) {
                 if (!strcmp(val, "step")) whole_step = 1;
                 else if (!strcmp(val, "matmuls")) whole_step = 0;
                 else return usage_error("--offload must be step or matmuls", val);
@@ -219,6 +227,9 @@ int main(int argc, char **argv) {
     if (!model_dir) return usage_error("--model DIR is required", NULL);
     if (!ids_arg) return usage_error("--ids is required", NULL);
     if (teacher == (generate >= 0)) return usage_error("give exactly one of --teacher-force and --generate N", NULL);
+    if (latent && backend_path)
+        return usage_error("--kv latent runs on the CPU path only (a backend's step keeps the expanded cache)",
+                           backend_path);
 
     int32_t *ids = NULL;
     int64_t n = 0;
@@ -253,6 +264,12 @@ int main(int argc, char **argv) {
         if (have_backend) coli_backend_close(&b);
         free(ids);
         return EXIT_USAGE;
+    }
+    if (latent && model_use_latent(&m, err, sizeof err)) {
+        fprintf(stderr, "coli: %s\n", err);
+        model_free(&m);
+        free(ids);
+        return EXIT_RUNTIME;
     }
     char note[sizeof err + 200] = "";
     /* a step that cannot be set up (a failed upload or allocation) is undone whole: the run
@@ -340,7 +357,8 @@ int main(int argc, char **argv) {
         printf(", \"token_weight_bytes\": %llu, \"kv_bytes_per_position\": %llu",
                (unsigned long long)(m.step ? m.token_weight_bytes : model_token_bytes(&m)),
                (unsigned long long)(m.step ? m.kv_bytes_per_position : model_kv_bytes_per_position(&m, 0)));
-        printf(", \"resident_tensors\": %d, \"device\": ", m.resident);
+        printf(", \"kv_cache\": \"%s\", \"resident_tensors\": %d, \"device\": ", m.latent ? "latent" : "expanded",
+               m.resident);
         json_string(stdout, device_name);
         printf(", \"quant\": \"%s\", \"threads\": %d, \"positions\": %lld, \"load_seconds\": %.6f}\n", quant_name,
                pool_threads(m.pool), (long long)n, t_load);

@@ -52,8 +52,11 @@ typedef struct layer {
     int64_t n_owned;
     linear sh_gate, sh_up, sh_down; /* shared experts */
     /* the CPU path's caches, a position a row: each head's nope key, the rope key its
-     * heads share (kept once), each head's value, the indexer's key */
+     * heads share (kept once), each head's value, the indexer's key; or, with the
+     * latent cache (model_latent.c), a position's latent and rope key, and kv_b's key
+     * rows as floats ([heads][qk_nope][kv_lora]) */
     float *k_cache, *kr_cache, *v_cache, *ik_cache;
+    float *lat_cache, *kb;
 } layer;
 
 /* Where a forward's time goes: every linear (in the backend or on the CPU), the
@@ -76,6 +79,7 @@ typedef struct model {
     layer *layers;
     float *inv_freq;     /* [qk_rope / 2] */
     int64_t max_pos, n_pos;
+    int latent;          /* the CPU path's cache is MLA's latent (model_latent.c) */
     pool *pool;
     coli_backend *backend; /* NULL: CPU */
     int resident;

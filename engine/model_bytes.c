@@ -1,7 +1,7 @@
 /* What a decoded token reads, wherever the weights are: every dense linear in its
  * format, the embedding row, the norms, the routers, the indexer's heads and the
  * token's share of the routed experts (k of E, as stored); and what the caches add
- * per position. A decode figure divided by the bandwidth over these is its share of
+ * per position (either cache form). A decode figure divided by the bandwidth over these is its share of
  * the limit (bench/engine_speed.py on the CPU, bench/gpu_step.sh on the GPU). */
 #include "model.h"
 
@@ -23,8 +23,12 @@ uint64_t model_token_bytes(const model *m) {
     for (int64_t l = 0; l < c->layers; l++) {
         const layer *ly = &m->layers[l];
         total += (uint64_t)(2 * c->hidden + c->q_lora + c->kv_lora) * 4;
-        const linear *attn[] = {&ly->q_a, &ly->q_b, &ly->kv_a, &ly->kv_b, &ly->o};
+        const linear *attn[] = {&ly->q_a, &ly->q_b, &ly->kv_a, &ly->o};
         for (size_t k = 0; k < sizeof attn / sizeof attn[0]; k++) total += linear_bytes(attn[k]);
+        if (m->latent) /* kv_b's key rows as floats, its value rows as stored */
+            total += (uint64_t)(c->heads * c->qk_nope * c->kv_lora) * 4 +
+                     model_weight_bytes(c->heads * c->v_head, c->kv_lora, ly->kv_b.format, ly->kv_b.group);
+        else total += linear_bytes(&ly->kv_b);
         if (c->indexer_full[l])
             total += linear_bytes(&ly->idx_q) + linear_bytes(&ly->idx_k) +
                      (uint64_t)(c->index_heads * c->hidden + 2 * c->index_head_dim) * 4;
@@ -46,7 +50,8 @@ uint64_t model_kv_bytes_per_position(const model *m, int rope_per_head) {
     const model_config *c = &m->c;
     uint64_t total = 0;
     for (int64_t l = 0; l < c->layers; l++)
-        total += (uint64_t)(c->heads * (c->qk_nope + c->v_head) + (rope_per_head ? c->heads : 1) * c->qk_rope +
-                            (c->indexer_full[l] ? c->index_head_dim : 0)) * sizeof(float);
+        total += (uint64_t)((m->latent ? c->kv_lora : c->heads * (c->qk_nope + c->v_head)) +
+                            (rope_per_head ? c->heads : 1) * c->qk_rope + (c->indexer_full[l] ? c->index_head_dim : 0)) *
+                 sizeof(float);
     return total;
 }

@@ -8,6 +8,7 @@
 #include "cpu_model_ops.h"
 #include "cpu_ops.h"
 #include "model.h"
+#include "model_latent.h"
 
 /* ---- matmuls ------------------------------------------------------------ */
 
@@ -413,8 +414,9 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
             coli_rope(ckv + s * kvw + c->kv_lora, c->qk_rope, m->inv_freq, t0 + s);
             for (int64_t hh = 0; hh < NH; hh++) coli_rope(q + (s * NH + hh) * qk + c->qk_nope, c->qk_rope, m->inv_freq, t0 + s);
         }
-        TRY(linear_fwd(m, &ly->kv_b, kvn, n, kv, err, errlen));
-        for (int64_t s = 0; s < n; s++) {
+        if (m->latent) model_latent_write(m, ly, kvn, ckv, n, t0);
+        else TRY(linear_fwd(m, &ly->kv_b, kvn, n, kv, err, errlen));
+        for (int64_t s = 0; !m->latent && s < n; s++) {
             int64_t p = t0 + s;
             memcpy(ly->kr_cache + p * c->qk_rope, ckv + s * kvw + c->kv_lora, (size_t)c->qk_rope * sizeof(float));
             for (int64_t hh = 0; hh < NH; hh++) {
@@ -445,7 +447,8 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
         m->phase_seconds[PHASE_INDEXER] += coli_now() - t_phase;
         t_phase = coli_now();
         attn_job aj = {m, ly, q, sel, n, t0, total, scaling, att, 0};
-        if (n * NH * total * (qk + V) < PARALLEL_MIN_MACS) attn_items(&aj, 0, n * NH);
+        if (m->latent) TRY(model_latent_attention(m, ly, q, sel, n, t0, total, scaling, att, err, errlen));
+        else if (n * NH * total * (qk + V) < PARALLEL_MIN_MACS) attn_items(&aj, 0, n * NH);
         else pool_run(m->pool, attn_items, &aj, n * NH);
         if (aj.failed) {
             snprintf(err, errlen, "out of memory in attention");

@@ -169,6 +169,67 @@ void coli_attend_heads(const float *q, const float *k, const float *kr, const fl
     }
 }
 
+int64_t coli_latent_block_scratch(int64_t heads, int64_t width) {
+    return COLI_LATENT_BLOCK * width + heads * COLI_LATENT_BLOCK;
+}
+
+void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
+                       const int64_t *keys, int64_t nb, float scaling, float *scratch, float *m, float *l, float *c) {
+    /* the block's rows side by side (a copy unless they already are: a prefill's early
+     * queries select every key), so the scores go through the matmul tiles */
+    const float *rows = lat + keys[0] * width;
+    float *s = scratch + COLI_LATENT_BLOCK * width;
+    if (keys[nb - 1] - keys[0] != nb - 1) {
+        for (int64_t i = 0; i < nb; i++) memcpy(scratch + i * width, lat + keys[i] * width, (size_t)width * sizeof(float));
+        rows = scratch;
+    }
+    coli_matmul_f32_rows(rows, nb, width, qa, heads, s, 0, nb); /* s[h * nb + i] */
+    for (int64_t h = 0; h < heads; h++) {
+        float *sh = s + h * nb, mx = -INFINITY, sum = 0.0f;
+        for (int64_t i = 0; i < nb; i++) {
+            sh[i] *= scaling;
+            if (sh[i] > mx) mx = sh[i];
+        }
+        for (int64_t i = 0; i < nb; i++) {
+            sh[i] = expf(sh[i] - mx);
+            sum += sh[i];
+        }
+        m[h] = mx, l[h] = sum;
+        memset(c + h * rank, 0, (size_t)rank * sizeof(float));
+    }
+    for (int64_t i = 0; i < nb; i++) /* each (head, value) sums its keys in order */
+        for (int64_t h = 0; h < heads; h++) coli_axpy_f32(c + h * rank, s[h * nb + i], rows + i * width, rank);
+}
+
+void coli_latent_combine(int64_t blocks, int64_t heads, int64_t rank, const float *m, const float *l, const float *c,
+                         float *ctx) {
+    for (int64_t h = 0; h < heads; h++) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t b = 0; b < blocks; b++)
+            if (m[b * heads + h] > mx) mx = m[b * heads + h];
+        float *out = ctx + h * rank;
+        memset(out, 0, (size_t)rank * sizeof(float));
+        for (int64_t b = 0; b < blocks; b++) {
+            const float e = expf(m[b * heads + h] - mx);
+            sum += e * l[b * heads + h];
+            coli_axpy_f32(out, e, c + (b * heads + h) * rank, rank);
+        }
+        for (int64_t d = 0; d < rank; d++) out[d] /= sum;
+    }
+}
+
+void coli_attend_latent(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
+                        const int64_t *keys, int64_t count, float scaling, float *scratch, float *parts, float *ctx) {
+    const int64_t blocks = (count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
+    float *m = parts, *l = m + blocks * heads, *c = l + blocks * heads;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t k0 = b * COLI_LATENT_BLOCK, nb = count - k0 < COLI_LATENT_BLOCK ? count - k0 : COLI_LATENT_BLOCK;
+        coli_latent_block(qa, heads, lat, width, rank, keys + k0, nb, scaling, scratch, m + b * heads, l + b * heads,
+                          c + b * heads * rank);
+    }
+    coli_latent_combine(blocks, heads, rank, m, l, c, ctx);
+}
+
 /* Keys a pass of coli_index_scores takes: their heads' dots as one matmul through the
  * tiles (the keys its rows, the heads its tokens), each dot coli_dot_f32's operations;
  * the block's dots stay in L1 for the weighted sums. */

@@ -49,6 +49,38 @@ void coli_attend_heads(const float *q, const float *k, const float *kr, const fl
                        int64_t kr_stride, int64_t v_stride, int64_t heads, int64_t nope, int64_t qk, int64_t vdim,
                        const uint8_t *sel, int64_t last, float scaling, float *p, float *out);
 
+/* MLA attention over the latent cache (DeepSeek's absorbed form). A position's row
+ * is `width` floats: the rank floats of its normalised latent, then its rope key. A
+ * head's absorbed query qa (width floats: q_nope through the head's kv_b key rows,
+ * then its rope query) scores a key as coli_dot_f32(qa, row) * scaling, which is
+ * q . k of the expanded form up to rounding; its context is the softmax-weighted sum
+ * of the keys' latents (rank floats), which the caller takes through the head's
+ * kv_b value rows. The keys (`count` positions, ascending) go in blocks of
+ * COLI_LATENT_BLOCK: each block's scores, their maximum m, their exps' sum l and
+ * its weighted latents c (coli_latent_block); then the blocks in order
+ * (coli_latent_combine). The block split is fixed by the keys alone, so the result
+ * does not depend on how blocks are spread over threads. */
+#define COLI_LATENT_BLOCK 64
+
+/* Floats of scratch coli_latent_block needs. */
+int64_t coli_latent_block_scratch(int64_t heads, int64_t width);
+
+/* One block: keys[0..nb) (nb <= COLI_LATENT_BLOCK) of a cache whose row t is at
+ * lat + t * width; qa: heads rows of width floats. Writes m[h], l[h] and
+ * c[h * rank + d]. */
+void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
+                       const int64_t *keys, int64_t nb, float scaling, float *scratch, float *m, float *l, float *c);
+
+/* The blocks' parts (block b's at m + b heads, l + b heads, c + b heads rank) in
+ * order: ctx[h * rank + d] = sum_b e_b c_b[h, d] / sum_b e_b l_b[h], e_b = exp(m_b - max m). */
+void coli_latent_combine(int64_t blocks, int64_t heads, int64_t rank, const float *m, const float *l, const float *c,
+                         float *ctx);
+
+/* Every block of one query in turn, then the combine: the same bits as blocks run on
+ * threads. parts: blocks * heads * (rank + 2) floats. */
+void coli_attend_latent(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
+                        const int64_t *keys, int64_t count, float scaling, float *scratch, float *parts, float *ctx);
+
 /* The DSA indexer. A key's score for one query: sum over heads h of
  * (iw[h] * weight_scale) * relu(iq[h] . key / sqrt(dim)). */
 typedef struct coli_scored {

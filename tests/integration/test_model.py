@@ -163,6 +163,56 @@ def test_a_long_decode_splits_the_indexers_keys_without_changing_tokens(sanitize
 
 
 @pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
+def test_the_latent_cache_gives_the_expanded_caches_tokens(
+    sanitized: tuple[Path, Path], tmp_path: Path, quant: str
+) -> None:
+    """--kv latent (MLA's latent and rope key a position, attention in the absorbed form)
+    computes what the expanded cache does up to rounding: the same teacher-forced
+    predictions and greedy tokens on both reference models, margins within 1e-4, and
+    fewer cache bytes a position. glm_tiny with an indexer that keeps 80 keys, over 200
+    positions, takes the paths a long context does: selected keys apart (their rows
+    gathered) and a decoded token's keys in blocks over threads."""
+    import random
+
+    host, _ = sanitized
+    sparse = tmp_path / "sparse"
+    sparse.mkdir()
+    config = json.loads((TINY / "config.json").read_text())
+    (sparse / "config.json").write_text(json.dumps({**config, "index_topk": 80}))
+    (sparse / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    rng = random.Random(5)
+    long_prompt = [rng.randrange(2, 200) for _ in range(200)]
+    cases = [(MODELS / n, expected(MODELS / n)["ids"], expected(MODELS / n)["prompt"])
+             for n in ("glm_tiny", "glm_tiny2")]  # fmt: skip
+    for model, tf_ids, prompt in [*cases, (sparse, long_prompt, long_prompt)]:
+        base = ["--model", str(model), "--quant", quant, "--threads", "3"]
+        tf = {kv: run_json(host, *base, "--ids", ids(tf_ids), "--teacher-force", "--kv", kv)
+              for kv in ("expanded", "latent")}  # fmt: skip
+        gen = {kv: run_json(host, *base, "--ids", ids(prompt), "--generate", "8", "--kv", kv)
+               for kv in ("expanded", "latent")}  # fmt: skip
+        assert tf["latent"]["kv_cache"] == "latent" and tf["expanded"]["kv_cache"] == "expanded"
+        lists: list[list[Any]] = [tf[kv][key] for key in ("top2_margin", "tf_pred") for kv in ("expanded", "latent")]  # type: ignore[misc]
+        m_exp, m_lat, p_exp, p_lat = lists
+        for a, b, x, y in zip(m_exp, m_lat, p_exp, p_lat, strict=True):
+            assert abs(a - b) < 1e-4 and (x == y or a < 1e-4), (model.name, quant)
+        assert gen["latent"]["generated"] == gen["expanded"]["generated"], (model.name, quant)
+        kv_bytes = [int(str(gen[kv]["kv_bytes_per_position"])) for kv in ("expanded", "latent")]
+        assert kv_bytes[1] < kv_bytes[0]
+
+
+def test_the_latent_cache_is_refused_with_a_backend(sanitized: tuple[Path, Path]) -> None:
+    """A backend's step keeps the expanded cache, so --kv latent with --backend is a usage
+    error naming both, and --kv takes only its two forms."""
+    host, ref = sanitized
+    base = ["--model", str(TINY), "--ids", "1,2", "--generate", "2"]
+    proc = run_host(host, *base, "--kv", "latent", "--backend", str(ref))
+    assert proc.returncode == 2 and "--kv latent runs on the CPU path only" in proc.stderr and str(ref) in proc.stderr
+    proc = run_host(host, *base, "--kv", "compressed")
+    assert proc.returncode == 2 and "--kv must be expanded or latent: compressed" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "int4"])
 def test_vector_and_portable_loops_agree_to_the_bit(sanitized: tuple[Path, Path], quant: str) -> None:
     """The AVX2 loops (chosen at run time) and the portable ones do the same operations in the same order."""
     host, _ = sanitized
@@ -487,6 +537,18 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
             levels.add("avx512vnni+gfni")
     assert set(runs) == levels
     assert len(set(runs.values())) == 1, runs
+
+
+def test_latent_attention_within_rounding_and_its_split_exact(gen_dir: Path, tmp_path: Path) -> None:
+    """Attention over the latent cache on 400 random caches, selections and sizes (one
+    key to several blocks, keys apart and side by side), under ASan/UBSan: every output
+    within rounding of a double-precision softmax and sum, and a decode's blocks run in
+    any order then combined give the one-walk bits."""
+    exe = tmp_path / "latent_check"
+    sources = [str(ROOT / s) for s in ("tests/c/latent_check.c", "kernels/cpu_model_ops.c", "kernels/cpu_ops.c")]
+    compile_ok(["gcc", "-std=c11", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", *sources, "-o", str(exe), "-lm"])
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "split bits equal" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_the_indexers_selection_is_a_sorts_first_k(gen_dir: Path, tmp_path: Path) -> None:

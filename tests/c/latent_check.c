@@ -1,0 +1,79 @@
+/* MLA attention over the latent cache (coli_attend_latent, kernels/cpu_model_ops.c) on
+ * random caches, selections and sizes: every output within rounding of a softmax and
+ * weighted sum in double precision, and a decode's split (its blocks in any order, as
+ * threads would run them, then the combine) giving the one-walk bits. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_model_ops.h"
+
+static float uniform(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
+
+int main(void) {
+    srand(11);
+    double worst = 0.0;
+    int cases = 0;
+    for (int it = 0; it < 400; it++) {
+        const int64_t heads = 1 + rand() % 6, rank = 1 + rand() % 40, rope = rand() % 9, width = rank + rope;
+        const int64_t total = 1 + rand() % 300;
+        float *lat = malloc((size_t)(total * width) * sizeof(float)), *qa = malloc((size_t)(heads * width) * sizeof(float));
+        int64_t *keys = malloc((size_t)total * sizeof *keys), count = 0;
+        const int every = rand() % 3 == 0; /* a prefill's early query: every key, the rows side by side */
+        for (int64_t t = 0; t < total; t++)
+            if (every || rand() % 3 == 0 || t == total - 1) keys[count++] = t;
+        /* wide scores now and then, so that blocks' maxima differ by much */
+        const float spread = it % 4 == 0 ? 8.0f : 1.0f, scaling = 1.0f / sqrtf((float)width);
+        for (int64_t i = 0; i < total * width; i++) lat[i] = uniform() * spread;
+        for (int64_t i = 0; i < heads * width; i++) qa[i] = uniform();
+        const int64_t blocks = (count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
+        float *scratch = malloc((size_t)coli_latent_block_scratch(heads, width) * sizeof(float));
+        float *parts = malloc((size_t)(blocks * heads * (rank + 2)) * sizeof(float)), *parts2 = malloc((size_t)(blocks * heads * (rank + 2)) * sizeof(float));
+        float *ctx = malloc((size_t)(heads * rank) * sizeof(float)), *ctx2 = malloc((size_t)(heads * rank) * sizeof(float));
+        coli_attend_latent(qa, heads, lat, width, rank, keys, count, scaling, scratch, parts, ctx);
+        float *m = parts2, *l = m + blocks * heads, *c = l + blocks * heads;
+        for (int64_t b = blocks - 1; b >= 0; b--) {
+            const int64_t k0 = b * COLI_LATENT_BLOCK, nb = count - k0 < COLI_LATENT_BLOCK ? count - k0 : COLI_LATENT_BLOCK;
+            coli_latent_block(qa, heads, lat, width, rank, keys + k0, nb, scaling, scratch, m + b * heads, l + b * heads,
+                              c + b * heads * rank);
+        }
+        coli_latent_combine(blocks, heads, rank, m, l, c, ctx2);
+        if (memcmp(ctx, ctx2, (size_t)(heads * rank) * sizeof(float))) {
+            printf("MISMATCH: blocks in reverse order, heads %lld rank %lld keys %lld\n", (long long)heads,
+                   (long long)rank, (long long)count);
+            return 1;
+        }
+        for (int64_t h = 0; h < heads; h++) {
+            double mx = -INFINITY, sum = 0.0, *p = malloc((size_t)count * sizeof(double));
+            for (int64_t i = 0; i < count; i++) {
+                double d = 0.0;
+                for (int64_t k = 0; k < width; k++) d += (double)qa[h * width + k] * lat[keys[i] * width + k];
+                p[i] = d * scaling;
+                if (p[i] > mx) mx = p[i];
+            }
+            for (int64_t i = 0; i < count; i++) sum += p[i] = exp(p[i] - mx);
+            for (int64_t d = 0; d < rank; d++) {
+                double want = 0.0, scale = 0.0;
+                for (int64_t i = 0; i < count; i++) {
+                    want += p[i] / sum * lat[keys[i] * width + d];
+                    scale += p[i] / sum * fabs(lat[keys[i] * width + d]);
+                }
+                const double err = fabs(ctx[h * rank + d] - want) / (scale > 0 ? scale : 1.0);
+                if (!(err < 2e-5)) {
+                    printf("OFF: heads %lld rank %lld width %lld keys %lld: ctx[%lld][%lld] = %.9g, want %.9g\n",
+                           (long long)heads, (long long)rank, (long long)width, (long long)count, (long long)h,
+                           (long long)d, ctx[h * rank + d], want);
+                    return 1;
+                }
+                if (err > worst) worst = err;
+            }
+            free(p);
+        }
+        cases += blocks > 1;
+        free(lat), free(qa), free(keys), free(scratch), free(parts), free(parts2), free(ctx), free(ctx2);
+    }
+    printf("latent attention on 400 caches (%d of several blocks): worst relative error %.2g, split bits equal\n", cases,
+           worst);
+    return 0;
+}
