@@ -64,15 +64,14 @@ void model_latent_write(const model *m, layer *ly, const float *kvn, const float
     }
 }
 
-/* A head's absorbed query: q_nope through its key rows (a row's weight times each of
- * its floats, rows in order), then its rope query. */
-static void absorb(const model *m, const layer *ly, const float *q, float *qa) {
+/* Heads [b, e)'s absorbed queries: q_nope through the head's key rows (each row's
+ * weight times its floats, rows in order), then its rope query. */
+static void absorb(const model *m, const layer *ly, const float *q, float *qa, int64_t b, int64_t e) {
     const model_config *c = &m->c;
     const int64_t R = c->kv_lora, W = R + c->qk_rope, NO = c->qk_nope, qk = NO + c->qk_rope;
-    for (int64_t h = 0; h < c->heads; h++) {
+    for (int64_t h = b; h < e; h++) {
         float *a = qa + h * W;
-        memset(a, 0, (size_t)R * sizeof(float));
-        for (int64_t d = 0; d < NO; d++) coli_axpy_f32(a, q[h * qk + d], ly->kb + (h * NO + d) * R, R);
+        coli_weighted_sum_f32(q + h * qk, 1, NO, ly->kb + h * NO * R, R, R, a);
         memcpy(a + R, q + h * qk + NO, (size_t)c->qk_rope * sizeof(float));
     }
 }
@@ -94,7 +93,7 @@ typedef struct latent_job {
     float scaling;
     float *ctx;               /* [heads, n, kv_lora] */
     /* a decode's one query: its absorbed query, keys and blocks' parts */
-    const float *qa;
+    float *qa;
     const int64_t *keys;
     int64_t count;
     float *parts;
@@ -118,10 +117,26 @@ static void latent_blocks(void *ctx, int64_t b, int64_t e) {
     float *m = j->parts, *l = m + blocks * H, *cc = l + blocks * H;
     for (int64_t k = b; k < e; k++) {
         const int64_t k0 = k * COLI_LATENT_BLOCK, nb = j->count - k0 < COLI_LATENT_BLOCK ? j->count - k0 : COLI_LATENT_BLOCK;
-        coli_latent_block(j->qa, H, j->ly->lat_cache, R + c->qk_rope, R, j->keys + k0, nb, j->scaling, scratch,
-                          m + k * H, l + k * H, cc + k * H * R);
+        const int64_t next_nb = k + 1 < e ? (j->count - k0 - nb < COLI_LATENT_BLOCK ? j->count - k0 - nb : COLI_LATENT_BLOCK) : 0;
+        coli_latent_block(j->qa, H, j->ly->lat_cache, R + c->qk_rope, R, j->keys + k0, nb, j->keys + k0 + nb, next_nb,
+                          j->scaling, scratch, m + k * H, l + k * H, cc + k * H * R);
     }
     free(scratch);
+}
+
+/* A decode's heads [b, e): their absorbed queries (every head's kv_b key rows, a
+ * megabyte of floats a layer on the large model, read on every thread). */
+static void latent_absorb(void *ctx, int64_t b, int64_t e) {
+    latent_job *j = ctx;
+    absorb(j->m, j->ly, j->q, j->qa, b, e);
+}
+
+/* A decode's heads [b, e): their blocks' parts combined. */
+static void latent_combine(void *ctx, int64_t b, int64_t e) {
+    latent_job *j = ctx;
+    const model_config *c = &j->m->c;
+    const int64_t H = c->heads, used = (j->count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
+    coli_latent_combine(used, H, b, e, c->kv_lora, j->parts, j->parts + used * H, j->parts + 2 * used * H, j->ctx);
 }
 
 /* Balanced as model_forward.c's prefill attention: slot i is query 0, n - 1, 1, ... */
@@ -141,7 +156,7 @@ static void latent_queries(void *ctx, int64_t b, int64_t e) {
     } else {
         for (int64_t slot = b; slot < e; slot++) {
             const int64_t s = balanced_query(slot, j->n);
-            absorb(j->m, j->ly, j->q + s * H * (c->qk_nope + c->qk_rope), qa);
+            absorb(j->m, j->ly, j->q + s * H * (c->qk_nope + c->qk_rope), qa, 0, H);
             const int64_t count = keys_of(j->sel + s * j->total, j->t0 + s + 1, keys);
             coli_attend_latent(qa, H, j->ly->lat_cache, W, R, keys, count, j->scaling, scratch, parts, out);
             for (int64_t h = 0; h < H; h++)
@@ -191,12 +206,13 @@ int model_latent_attention(model *m, const layer *ly, const float *q, const unsi
         parts = malloc((size_t)(blocks * H * (R + 2)) * sizeof(float));
         keys = malloc((size_t)total * sizeof *keys);
         if (!qa || !parts || !keys) goto done;
-        absorb(m, ly, q, qa);
         j.qa = qa, j.keys = keys, j.parts = parts, j.count = keys_of(sel, t0 + 1, keys);
         const int64_t used = (j.count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
+        pool_run(m->pool, latent_absorb, &j, H);
         if (used > 1) pool_run(m->pool, latent_blocks, &j, used);
         else latent_blocks(&j, 0, used);
-        if (!j.failed) coli_latent_combine(used, H, R, parts, parts + used * H, parts + 2 * used * H, ctx);
+        if (!j.failed && used > 1) pool_run(m->pool, latent_combine, &j, H);
+        else if (!j.failed) latent_combine(&j, 0, H);
     } else {
         pool_run(m->pool, latent_queries, &j, n);
     }

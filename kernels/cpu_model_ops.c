@@ -174,7 +174,8 @@ int64_t coli_latent_block_scratch(int64_t heads, int64_t width) {
 }
 
 void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
-                       const int64_t *keys, int64_t nb, float scaling, float *scratch, float *m, float *l, float *c) {
+                       const int64_t *keys, int64_t nb, const int64_t *next, int64_t next_nb, float scaling,
+                       float *scratch, float *m, float *l, float *c) {
     /* the block's rows side by side (a copy unless they already are: a prefill's early
      * queries select every key), so the scores go through the matmul tiles */
     const float *rows = lat + keys[0] * width;
@@ -183,6 +184,11 @@ void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t
         for (int64_t i = 0; i < nb; i++) memcpy(scratch + i * width, lat + keys[i] * width, (size_t)width * sizeof(float));
         rows = scratch;
     }
+    /* the next block's rows asked into L2 while this one computes: a long context's
+     * selected rows are scattered, and each is a stream the hardware starts again */
+    for (int64_t i = 0; i < next_nb; i++)
+        for (int64_t b = 0; b < width * (int64_t)sizeof(float); b += 64)
+            __builtin_prefetch((const char *)(lat + next[i] * width) + b, 0, 2);
     coli_matmul_f32_rows(rows, nb, width, qa, heads, s, 0, nb); /* s[h * nb + i] */
     for (int64_t h = 0; h < heads; h++) {
         float *sh = s + h * nb, mx = -INFINITY, sum = 0.0f;
@@ -190,29 +196,34 @@ void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t
             sh[i] *= scaling;
             if (sh[i] > mx) mx = sh[i];
         }
-        for (int64_t i = 0; i < nb; i++) {
-            sh[i] = expf(sh[i] - mx);
-            sum += sh[i];
-        }
+        coli_exp_f32(sh, nb, mx);
+        for (int64_t i = 0; i < nb; i++) sum += sh[i];
         m[h] = mx, l[h] = sum;
-        memset(c + h * rank, 0, (size_t)rank * sizeof(float));
     }
-    for (int64_t i = 0; i < nb; i++) /* each (head, value) sums its keys in order */
-        for (int64_t h = 0; h < heads; h++) coli_axpy_f32(c + h * rank, s[h * nb + i], rows + i * width, rank);
+    coli_weighted_sum_f32(s, heads, nb, rows, width, rank, c); /* each (head, value) sums its keys in order */
 }
 
-void coli_latent_combine(int64_t blocks, int64_t heads, int64_t rank, const float *m, const float *l, const float *c,
-                         float *ctx) {
-    for (int64_t h = 0; h < heads; h++) {
+void coli_latent_combine(int64_t blocks, int64_t heads, int64_t h0, int64_t h1, int64_t rank, const float *m,
+                         const float *l, const float *c, float *ctx) {
+    float e[64], part[1024];
+    for (int64_t h = h0; h < h1; h++) {
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t b = 0; b < blocks; b++)
             if (m[b * heads + h] > mx) mx = m[b * heads + h];
         float *out = ctx + h * rank;
-        memset(out, 0, (size_t)rank * sizeof(float));
-        for (int64_t b = 0; b < blocks; b++) {
-            const float e = expf(m[b * heads + h] - mx);
-            sum += e * l[b * heads + h];
-            coli_axpy_f32(out, e, c + (b * heads + h) * rank, rank);
+        /* 64 blocks at a time (a context of 4,096 keys): each group's weighted parts
+         * from zero, the groups added in order */
+        for (int64_t b0 = 0; b0 < blocks; b0 += 64) {
+            const int64_t nb = blocks - b0 < 64 ? blocks - b0 : 64;
+            for (int64_t b = 0; b < nb; b++) e[b] = m[(b0 + b) * heads + h];
+            coli_exp_f32(e, nb, mx);
+            for (int64_t b = 0; b < nb; b++) sum += e[b] * l[(b0 + b) * heads + h];
+            for (int64_t d0 = 0; d0 < rank; d0 += 1024) {
+                const int64_t nd = rank - d0 < 1024 ? rank - d0 : 1024;
+                float *to = b0 ? part : out + d0;
+                coli_weighted_sum_f32(e, 1, nb, c + (b0 * heads + h) * rank + d0, heads * rank, nd, to);
+                for (int64_t d = 0; b0 && d < nd; d++) out[d0 + d] += part[d];
+            }
         }
         for (int64_t d = 0; d < rank; d++) out[d] /= sum;
     }
@@ -224,10 +235,11 @@ void coli_attend_latent(const float *qa, int64_t heads, const float *lat, int64_
     float *m = parts, *l = m + blocks * heads, *c = l + blocks * heads;
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t k0 = b * COLI_LATENT_BLOCK, nb = count - k0 < COLI_LATENT_BLOCK ? count - k0 : COLI_LATENT_BLOCK;
-        coli_latent_block(qa, heads, lat, width, rank, keys + k0, nb, scaling, scratch, m + b * heads, l + b * heads,
-                          c + b * heads * rank);
+        const int64_t next_nb = count - k0 - nb < COLI_LATENT_BLOCK ? count - k0 - nb : COLI_LATENT_BLOCK;
+        coli_latent_block(qa, heads, lat, width, rank, keys + k0, nb, keys + k0 + nb, next_nb, scaling, scratch,
+                          m + b * heads, l + b * heads, c + b * heads * rank);
     }
-    coli_latent_combine(blocks, heads, rank, m, l, c, ctx);
+    coli_latent_combine(blocks, heads, 0, heads, rank, m, l, c, ctx);
 }
 
 /* Keys a pass of coli_index_scores takes: their heads' dots as one matmul through the

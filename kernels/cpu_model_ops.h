@@ -57,7 +57,8 @@ void coli_attend_heads(const float *q, const float *k, const float *kr, const fl
  * of the keys' latents (rank floats), which the caller takes through the head's
  * kv_b value rows. The keys (`count` positions, ascending) go in blocks of
  * COLI_LATENT_BLOCK: each block's scores, their maximum m, their exps' sum l and
- * its weighted latents c (coli_latent_block); then the blocks in order
+ * its weighted latents c (coli_latent_block; exp is coli_exp_f32, the weighted sum
+ * coli_weighted_sum_f32); then the blocks in order
  * (coli_latent_combine). The block split is fixed by the keys alone, so the result
  * does not depend on how blocks are spread over threads. */
 #define COLI_LATENT_BLOCK 64
@@ -67,14 +68,17 @@ int64_t coli_latent_block_scratch(int64_t heads, int64_t width);
 
 /* One block: keys[0..nb) (nb <= COLI_LATENT_BLOCK) of a cache whose row t is at
  * lat + t * width; qa: heads rows of width floats. Writes m[h], l[h] and
- * c[h * rank + d]. */
+ * c[h * rank + d]. The rows of next[0..next_nb), the block the caller runs next, are
+ * asked for meanwhile (next_nb may be 0). */
 void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
-                       const int64_t *keys, int64_t nb, float scaling, float *scratch, float *m, float *l, float *c);
+                       const int64_t *keys, int64_t nb, const int64_t *next, int64_t next_nb, float scaling,
+                       float *scratch, float *m, float *l, float *c);
 
 /* The blocks' parts (block b's at m + b heads, l + b heads, c + b heads rank) in
- * order: ctx[h * rank + d] = sum_b e_b c_b[h, d] / sum_b e_b l_b[h], e_b = exp(m_b - max m). */
-void coli_latent_combine(int64_t blocks, int64_t heads, int64_t rank, const float *m, const float *l, const float *c,
-                         float *ctx);
+ * order, for heads [h0, h1): ctx[h * rank + d] = sum_b e_b c_b[h, d] / sum_b e_b l_b[h], e_b = exp(m_b - max m)
+ * (the weighted parts by coli_weighted_sum_f32, 64 blocks at a time). */
+void coli_latent_combine(int64_t blocks, int64_t heads, int64_t h0, int64_t h1, int64_t rank, const float *m,
+                         const float *l, const float *c, float *ctx);
 
 /* Every block of one query in turn, then the combine: the same bits as blocks run on
  * threads. parts: blocks * heads * (rank + 2) floats. */

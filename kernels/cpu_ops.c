@@ -224,6 +224,36 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
 #define TOKEN_BLOCK 64
 #define Q8_SLICE 256 /* an int8 tile's values a pass: 4 tokens' x 4 KiB */
 
+/* exp(x) as coli_exp_f32 defines it (Cephes' expf: x = k ln 2 + r, |r| <= ln 2 / 2, a
+ * degree-7 polynomial in r times 2^k); below EXP_LO it is 0, above EXP_HI exp(EXP_HI). */
+#define EXP_HI 88.0f
+#define EXP_LO -87.3365447505531f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500E-4f
+#define EXP_P1 1.3981999507E-3f
+#define EXP_P2 8.3334519073E-3f
+#define EXP_P3 4.1665795894E-2f
+#define EXP_P4 1.6666665459E-1f
+#define EXP_P5 5.0000001201E-1f
+
+static float exp_f32_one(float t) {
+    const int under = t < EXP_LO;
+    float y = t < EXP_HI ? t : EXP_HI; /* a NaN becomes EXP_HI, as the vector min does */
+    y = y > EXP_LO ? y : EXP_LO;
+    const float k = floorf(y * EXP_LOG2E + 0.5f), r = y - k * EXP_C1 - k * EXP_C2;
+    float p = EXP_P0;
+    p = p * r + EXP_P1;
+    p = p * r + EXP_P2;
+    p = p * r + EXP_P3;
+    p = p * r + EXP_P4;
+    p = p * r + EXP_P5;
+    p = p * (r * r) + r + 1.0f;
+    union { uint32_t u; float f; } e = {.u = (uint32_t)((int32_t)k + 127) << 23};
+    return under ? 0.0f : p * e.f;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
@@ -300,6 +330,81 @@ __attribute__((target("avx2"))) static void axpy_f32_avx2(float *o, float w, con
     for (; d + 8 <= n; d += 8)
         _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d), _mm256_mul_ps(wv, _mm256_loadu_ps(v + d))));
     for (; d < n; d++) o[d] += w * v[d];
+}
+
+/* coli_weighted_sum_f32 for NH (1 to 4) rows of weights: 16 (then 8) outputs of each
+ * in registers over every row of v, each a product then a sum a row, from zero. */
+__attribute__((target("avx2"), always_inline)) static inline void wsum_avx2_heads(const float *w, int64_t rows,
+                                                                                 const float *v, int64_t stride,
+                                                                                 int64_t n, float *c, const int NH) {
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16) {
+        __m256 a[4][2];
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < rows; i++) {
+            const __m256 v0 = _mm256_loadu_ps(v + i * stride + d), v1 = _mm256_loadu_ps(v + i * stride + d + 8);
+            _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+                const __m256 b = _mm256_broadcast_ss(w + h * rows + i);
+                a[h][0] = _mm256_add_ps(a[h][0], _mm256_mul_ps(b, v0));
+                a[h][1] = _mm256_add_ps(a[h][1], _mm256_mul_ps(b, v1));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+            _mm256_storeu_ps(c + h * n + d, a[h][0]);
+            _mm256_storeu_ps(c + h * n + d + 8, a[h][1]);
+        }
+    }
+    for (; d + 8 <= n; d += 8) {
+        __m256 a[4];
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) a[h] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < rows; i++) {
+            const __m256 v0 = _mm256_loadu_ps(v + i * stride + d);
+            _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(_mm256_broadcast_ss(w + h * rows + i), v0));
+        }
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) _mm256_storeu_ps(c + h * n + d, a[h]);
+    }
+    for (; d < n; d++)
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < rows; i++) acc += w[h * rows + i] * v[i * stride + d];
+            c[h * n + d] = acc;
+        }
+}
+
+__attribute__((target("avx2"))) static void weighted_sum_f32_avx2(const float *w, int64_t heads, int64_t rows,
+                                                                   const float *v, int64_t stride, int64_t n, float *c) {
+    int64_t h = 0;
+    for (; h + 4 <= heads; h += 4) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 4);
+    if (heads - h == 3) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 3);
+    if (heads - h == 2) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 2);
+    if (heads - h == 1) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 1);
+}
+
+/* coli_exp_f32's steps on 8 values: the same operations, so the same bits. */
+__attribute__((target("avx2"))) static void exp_f32_avx2(float *x, int64_t n, float sub) {
+    const __m256 s = _mm256_set1_ps(sub), hi = _mm256_set1_ps(EXP_HI), lo = _mm256_set1_ps(EXP_LO);
+    const __m256 log2e = _mm256_set1_ps(EXP_LOG2E), half = _mm256_set1_ps(0.5f);
+    const __m256 c1 = _mm256_set1_ps(EXP_C1), c2 = _mm256_set1_ps(EXP_C2), one = _mm256_set1_ps(1.0f);
+    const __m256 p0 = _mm256_set1_ps(EXP_P0), p1 = _mm256_set1_ps(EXP_P1), p2 = _mm256_set1_ps(EXP_P2),
+                 p3 = _mm256_set1_ps(EXP_P3), p4 = _mm256_set1_ps(EXP_P4), p5 = _mm256_set1_ps(EXP_P5);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i), s);
+        const __m256 under = _mm256_cmp_ps(t, lo, _CMP_LT_OQ);
+        const __m256 y = _mm256_max_ps(_mm256_min_ps(t, hi), lo);
+        const __m256 k = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(y, log2e), half));
+        const __m256 r = _mm256_sub_ps(_mm256_sub_ps(y, _mm256_mul_ps(k, c1)), _mm256_mul_ps(k, c2));
+        __m256 p = p0;
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), p1);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), p2);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), p3);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), p4);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), p5);
+        p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), one);
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+        _mm256_storeu_ps(x + i, _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e))));
+    }
+    for (; i < n; i++) x[i] = exp_f32_one(x[i] - sub);
 }
 
 /* coli_add_relu_f32 8 at a time: the clamp as a compare and a mask (v > 0 keeps v;
@@ -1133,6 +1238,32 @@ void coli_add_relu_f32(float *total, const float *d, int64_t n, float scale, flo
         const float v = d[i] * scale;
         total[i] += w * (v > 0.0f ? v : 0.0f);
     }
+}
+
+void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const float *v, int64_t stride, int64_t n,
+                           float *c) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        weighted_sum_f32_avx2(w, heads, rows, v, stride, n, c);
+        return;
+    }
+#endif
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t d = 0; d < n; d++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < rows; i++) acc += w[h * rows + i] * v[i * stride + d];
+            c[h * n + d] = acc;
+        }
+}
+
+void coli_exp_f32(float *x, int64_t n, float sub) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        exp_f32_avx2(x, n, sub);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) x[i] = exp_f32_one(x[i] - sub);
 }
 
 static float dot_q8(const float *x, const int8_t *q, int64_t n) {

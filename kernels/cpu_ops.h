@@ -48,6 +48,13 @@ void coli_dot_f32_many(const float *a, int64_t a_stride, const float *b, int64_t
                        const float *c, int64_t count, int64_t n, float scale, float *out);
 /* o[d] += w * v[d], d < n: a product, then a sum, each value. */
 void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
+/* c[h * n + d] = sum over i < rows, in order, of w[h * rows + i] * v[i * stride + d], a
+ * product then a sum each, from zero (coli_axpy_f32 row after row into zeros). */
+void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const float *v, int64_t stride, int64_t n,
+                           float *c);
+/* x[i] = exp(x[i] - sub): Cephes' expf (a degree-7 polynomial after taking out k ln 2,
+ * within 2 ulp of exp), 0 below -87.34; its own definition, not libm's expf. */
+void coli_exp_f32(float *x, int64_t n, float sub);
 /* total[i] += w * relu(d[i] * scale), i < n (relu: v > 0 ? v : 0, a NaN giving 0): a
  * product, the clamp, a product, then a sum, each value. */
 void coli_add_relu_f32(float *total, const float *d, int64_t n, float scale, float w);

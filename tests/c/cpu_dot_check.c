@@ -3,7 +3,8 @@
  * 73 (past a pass's 64); int4 against x as integers with x scaled by 2^-110, an inf
  * or NaN, zeros; attention over several heads at once, the rope key kept once
  * (coli_attend_heads), against one head at a time over joined keys (coli_attend_one),
- * and the indexer's scores against one dot at a time, bit for bit. Prints the loops
+ * and the indexer's scores against one dot at a time, bit for bit; the weighted sum and
+ * exp of latent attention. Prints the loops
  * that ran and a hash of every output's bits, so that two runs (the vector loops, and
  * COLI_CPU_PORTABLE=1) can be compared bit for bit; each output is also checked
  * against a double-precision sum. */
@@ -179,6 +180,50 @@ int main(void) {
         }
         mix(got + t0, n - t0);
         free(iq), free(keys), free(iw), free(got), free(sc);
+    }
+    /* the weighted sum (a block of keys' latents weighted per head): 1 to 9 heads, 1 to
+     * 70 rows, outputs of odd widths, against double-precision sums */
+    for (int it = 0; it < 300; it++) {
+        const int64_t heads = 1 + rand() % 9, rows = 1 + rand() % 70, n = 1 + rand() % 45, stride = n + rand() % 5;
+        float *w = malloc((size_t)(heads * rows) * sizeof(float)), *v = malloc((size_t)(rows * stride) * sizeof(float));
+        float *c = malloc((size_t)(heads * n) * sizeof(float));
+        for (int64_t i = 0; i < heads * rows; i++) w[i] = rnd();
+        for (int64_t i = 0; i < rows * stride; i++) v[i] = rnd();
+        coli_weighted_sum_f32(w, heads, rows, v, stride, n, c);
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t d = 0; d < n; d++) {
+                double want = 0.0, mag = 0.0;
+                for (int64_t i = 0; i < rows; i++) {
+                    want += (double)w[h * rows + i] * v[i * stride + d];
+                    mag += fabs((double)w[h * rows + i] * v[i * stride + d]);
+                }
+                if (!close(c[h * n + d], want, mag)) {
+                    printf("OFF weighted sum heads %lld rows %lld n %lld: %.9g, want %.9g\n", (long long)heads,
+                           (long long)rows, (long long)n, c[h * n + d], want);
+                    return 1;
+                }
+                checked++;
+            }
+        mix(c, heads * n);
+        free(w), free(v), free(c);
+    }
+    /* exp: within 3 ulp of libm's double exp over [-90, 1], 0 below -87.34, odd lengths */
+    for (int it = 0; it < 200; it++) {
+        const int64_t n = 1 + rand() % 41;
+        float x[41], y[41];
+        const float sub = rnd();
+        for (int64_t i = 0; i < n; i++) x[i] = y[i] = (float)(rand() % 9 == 0 ? -88.0 - rnd() : 45.5 * (rnd() - 1.0));
+        coli_exp_f32(y, n, sub);
+        for (int64_t i = 0; i < n; i++) {
+            const float t = x[i] - sub;
+            const double want = t < -87.3365447505531 ? 0.0 : exp((double)t);
+            if (fabs(y[i] - want) > 3.0 * 1.1920929e-7 * want) {
+                printf("OFF exp(%.9g) = %.9g, want %.9g\n", t, y[i], want);
+                return 1;
+            }
+            checked++;
+        }
+        mix(y, n);
     }
     /* the quantisers round as lroundf does (halves away from zero), then clamp: rows whose
      * largest value makes the scale exactly 1, holding halves, values just below them,
