@@ -177,28 +177,30 @@ void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t
                        const int64_t *keys, int64_t nb, const int64_t *next, int64_t next_nb, float scaling,
                        float *scratch, float *m, float *l, float *c) {
     /* the block's rows side by side (a copy unless they already are: a prefill's early
-     * queries select every key), so the scores go through the matmul tiles */
+     * queries select every key), so the scores go through the matmul tiles; as each row
+     * is copied, a row of the next block is asked into L2 (a long context's selected
+     * rows are scattered, each a stream the hardware prefetch starts again; asked all
+     * at once, before the copy, they waited longer) */
     const float *rows = lat + keys[0] * width;
     float *s = scratch + COLI_LATENT_BLOCK * width;
     if (keys[nb - 1] - keys[0] != nb - 1) {
-        for (int64_t i = 0; i < nb; i++) memcpy(scratch + i * width, lat + keys[i] * width, (size_t)width * sizeof(float));
+        for (int64_t i = 0; i < nb; i++) {
+            memcpy(scratch + i * width, lat + keys[i] * width, (size_t)width * sizeof(float));
+            for (int64_t b = 0; i < next_nb && b < width * (int64_t)sizeof(float); b += 64)
+                __builtin_prefetch((const char *)(lat + next[i] * width) + b, 0, 2);
+        }
         rows = scratch;
     }
-    /* the next block's rows asked into L2 while this one computes: a long context's
-     * selected rows are scattered, and each is a stream the hardware starts again */
-    for (int64_t i = 0; i < next_nb; i++)
-        for (int64_t b = 0; b < width * (int64_t)sizeof(float); b += 64)
-            __builtin_prefetch((const char *)(lat + next[i] * width) + b, 0, 2);
     coli_matmul_f32_rows(rows, nb, width, qa, heads, s, 0, nb); /* s[h * nb + i] */
+    _Static_assert(COLI_LATENT_BLOCK == 64, "ONES holds a block's ones");
+#define ONES8 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f
+    static const float ONES[COLI_LATENT_BLOCK] = {ONES8, ONES8, ONES8, ONES8, ONES8, ONES8, ONES8, ONES8};
+#undef ONES8
     for (int64_t h = 0; h < heads; h++) {
-        float *sh = s + h * nb, mx = -INFINITY, sum = 0.0f;
-        for (int64_t i = 0; i < nb; i++) {
-            sh[i] *= scaling;
-            if (sh[i] > mx) mx = sh[i];
-        }
-        coli_exp_f32(sh, nb, mx);
-        for (int64_t i = 0; i < nb; i++) sum += sh[i];
-        m[h] = mx, l[h] = sum;
+        float *sh = s + h * nb;
+        m[h] = coli_scale_max_f32(sh, nb, scaling);
+        coli_exp_f32(sh, nb, m[h]);
+        l[h] = coli_dot_f32(sh, ONES, nb); /* the exps' sum in coli_dot_f32's order */
     }
     coli_weighted_sum_f32(s, heads, nb, rows, width, rank, c); /* each (head, value) sums its keys in order */
 }
@@ -289,14 +291,44 @@ void coli_select_first(coli_scored *a, int64_t n, int64_t k) {
     }
 }
 
+/* A score's place in coli_scored_before's order as an unsigned integer: larger for a
+ * higher score, -0 taken as +0 (equal scores, equal keys), as the GPU's selection keys. */
+static uint32_t order_key(float f) {
+    uint32_t u;
+    f = f == 0.0f ? 0.0f : f;
+    memcpy(&u, &f, sizeof u);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
 void coli_index_select(coli_scored *sc, int64_t valid, int64_t topk, uint8_t *sel) {
     if (valid <= topk) {
         memset(sel, 1, (size_t)valid);
         return;
     }
     memset(sel, 0, (size_t)valid);
-    coli_select_first(sc, valid, topk);
-    for (int64_t i = 0; i < topk; i++) sel[sc[i].t] = 1;
+    /* the topk-th largest key by radix selection, a byte a pass (the first over every
+     * score, the rest over those that share the bytes so far, moved to the front of sc
+     * over the others); the scores above it, and of those equal to it the earliest */
+    uint32_t prefix = 0, need = (uint32_t)topk;
+    int64_t cand = valid;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint32_t hist[256] = {0};
+        for (int64_t i = 0; i < cand; i++) hist[(order_key(sc[i].score) >> shift) & 0xFF]++;
+        int bin = 255;
+        for (; bin > 0 && hist[bin] < need; bin--) need -= hist[bin];
+        prefix |= (uint32_t)bin << shift;
+        const uint32_t mask = 0xFFFFFFFFu << shift;
+        int64_t kept = 0;
+        for (int64_t i = 0; i < cand; i++) { /* without branches: half the keys go each way */
+            const uint32_t key = order_key(sc[i].score) & mask;
+            sel[sc[i].t] = key > prefix;
+            sc[kept] = sc[i];
+            kept += key == prefix;
+        }
+        cand = kept;
+    }
+    if ((int64_t)need < cand) coli_select_first(sc, cand, need); /* a tie at the cut: by key */
+    for (int64_t i = 0; i < (int64_t)need; i++) sel[sc[i].t] = 1;
 }
 
 int32_t coli_argmax(const float *row, int64_t n) {

@@ -68,8 +68,8 @@ int64_t coli_latent_block_scratch(int64_t heads, int64_t width);
 
 /* One block: keys[0..nb) (nb <= COLI_LATENT_BLOCK) of a cache whose row t is at
  * lat + t * width; qa: heads rows of width floats. Writes m[h], l[h] and
- * c[h * rank + d]. The rows of next[0..next_nb), the block the caller runs next, are
- * asked for meanwhile (next_nb may be 0). */
+ * c[h * rank + d]. Where the block's keys are apart, the rows of next[0..next_nb),
+ * the block the caller runs next, are asked for meanwhile (next_nb may be 0). */
 void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t width, int64_t rank,
                        const int64_t *keys, int64_t nb, const int64_t *next, int64_t next_nb, float scaling,
                        float *scratch, float *m, float *l, float *c);
@@ -105,7 +105,8 @@ int coli_scored_before(const coli_scored *x, const coli_scored *y);
 void coli_select_first(coli_scored *a, int64_t n, int64_t k);
 
 /* One query's selection: sel[0..valid) = 1 when valid <= topk, else 1 for the
- * topk best of sc[0..valid) (scored; reordered) and 0 for the rest. */
+ * topk best of sc[0..valid) in coli_scored_before's order (a NaN above +inf, as
+ * the GPU's selection takes it) and 0 for the rest; sc is overwritten. */
 void coli_index_select(coli_scored *sc, int64_t valid, int64_t topk, uint8_t *sel);
 
 /* The first index of the largest value (NaN never wins; 0 when none beats -FLT_MAX). */

@@ -407,6 +407,30 @@ __attribute__((target("avx2"))) static void exp_f32_avx2(float *x, int64_t n, fl
     for (; i < n; i++) x[i] = exp_f32_one(x[i] - sub);
 }
 
+/* coli_scale_max_f32 8 at a time: the products as the scalar loop makes them, the
+ * largest by max_ps(x, kept), which keeps the kept value where x is a NaN or where
+ * both are zeros, as the scalar `x > kept` test does (the sign of a zero maximum may
+ * differ, which no later use of it tells apart). */
+__attribute__((target("avx2"))) static float scale_max_f32_avx2(float *x, int64_t n, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_storeu_ps(x + i, v);
+        mv = _mm256_max_ps(v, mv);
+    }
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, mv);
+    for (int k = 0; k < 8; k++)
+        if (lanes[k] > mx) mx = lanes[k];
+    for (; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
 /* coli_add_relu_f32 8 at a time: the clamp as a compare and a mask (v > 0 keeps v;
  * a NaN or a zero gives +0, as the scalar form does). */
 __attribute__((target("avx2"))) static void add_relu_f32_avx2(float *total, const float *d, int64_t n, float scale,
@@ -1254,6 +1278,18 @@ void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const fl
             for (int64_t i = 0; i < rows; i++) acc += w[h * rows + i] * v[i * stride + d];
             c[h * n + d] = acc;
         }
+}
+
+float coli_scale_max_f32(float *x, int64_t n, float scale) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) return scale_max_f32_avx2(x, n, scale);
+#endif
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
 }
 
 void coli_exp_f32(float *x, int64_t n, float sub) {

@@ -52,6 +52,8 @@ void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
  * product then a sum each, from zero (coli_axpy_f32 row after row into zeros). */
 void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const float *v, int64_t stride, int64_t n,
                            float *c);
+/* x[i] *= scale, and the largest of them (NaNs skipped; -inf for none). */
+float coli_scale_max_f32(float *x, int64_t n, float scale);
 /* x[i] = exp(x[i] - sub): Cephes' expf (a degree-7 polynomial after taking out k ln 2,
  * within 2 ulp of exp), 0 below -87.34; its own definition, not libm's expf. */
 void coli_exp_f32(float *x, int64_t n, float sub);
