@@ -14,18 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bits_hash.h"
 #include "cpu_model_ops.h"
 #include "cpu_ops.h"
-
-static uint64_t hash = 1469598103934665603ull;
-
-static void mix(const float *v, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t b;
-        memcpy(&b, &v[i], sizeof b);
-        hash = (hash ^ b) * 1099511628211ull;
-    }
-}
 
 static float rnd(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
 
