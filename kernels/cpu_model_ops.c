@@ -178,13 +178,16 @@ void coli_latent_block(const float *qa, int64_t heads, const float *lat, int64_t
                        float *scratch, float *m, float *l, float *c) {
     /* the block's rows side by side (a copy unless they already are: a prefill's early
      * queries select every key), so the scores go through the matmul tiles; as each row
-     * is copied, a row of the next block is asked into L2 (a long context's selected
-     * rows are scattered, each a stream the hardware prefetch starts again; asked all
-     * at once, before the copy, they waited longer) */
+     * is copied, the row 4 ahead is asked into L1 and a row of the next block into L2
+     * (a long context's selected rows are scattered, each a stream the hardware
+     * prefetch starts again; a thread's first block has no block before it to ask for
+     * it; the next block's rows asked all at once, before the copy, waited longer) */
     const float *rows = lat + keys[0] * width;
     float *s = scratch + COLI_LATENT_BLOCK * width;
     if (keys[nb - 1] - keys[0] != nb - 1) {
         for (int64_t i = 0; i < nb; i++) {
+            for (int64_t b = 0; i + 4 < nb && b < width * (int64_t)sizeof(float); b += 64)
+                __builtin_prefetch((const char *)(lat + keys[i + 4] * width) + b, 0, 3);
             memcpy(scratch + i * width, lat + keys[i] * width, (size_t)width * sizeof(float));
             for (int64_t b = 0; i < next_nb && b < width * (int64_t)sizeof(float); b += 64)
                 __builtin_prefetch((const char *)(lat + next[i] * width) + b, 0, 2);
