@@ -53,10 +53,9 @@ typedef struct layer {
     linear sh_gate, sh_up, sh_down; /* shared experts */
     /* the CPU path's caches, a position a row: each head's nope key, the rope key its
      * heads share (kept once), each head's value, the indexer's key; or, with the
-     * latent cache (model_latent.c), a position's latent and rope key, and kv_b's key
-     * rows as floats ([heads][qk_nope][kv_lora]) */
+     * latent cache (model_latent.c), a position's latent and rope key */
     float *k_cache, *kr_cache, *v_cache, *ik_cache;
-    float *lat_cache, *kb;
+    float *lat_cache;
 } layer;
 
 /* Where a forward's time goes: every linear (in the backend or on the CPU), the

@@ -23,12 +23,8 @@ uint64_t model_token_bytes(const model *m) {
     for (int64_t l = 0; l < c->layers; l++) {
         const layer *ly = &m->layers[l];
         total += (uint64_t)(2 * c->hidden + c->q_lora + c->kv_lora) * 4;
-        const linear *attn[] = {&ly->q_a, &ly->q_b, &ly->kv_a, &ly->o};
+        const linear *attn[] = {&ly->q_a, &ly->q_b, &ly->kv_a, &ly->kv_b, &ly->o};
         for (size_t k = 0; k < sizeof attn / sizeof attn[0]; k++) total += linear_bytes(attn[k]);
-        if (m->latent) /* kv_b's key rows as floats, its value rows as stored */
-            total += (uint64_t)(c->heads * c->qk_nope * c->kv_lora) * 4 +
-                     model_weight_bytes(c->heads * c->v_head, c->kv_lora, ly->kv_b.format, ly->kv_b.group);
-        else total += linear_bytes(&ly->kv_b);
         if (c->indexer_full[l])
             total += linear_bytes(&ly->idx_q) + linear_bytes(&ly->idx_k) +
                      (uint64_t)(c->index_heads * c->hidden + 2 * c->index_head_dim) * 4;

@@ -14,25 +14,9 @@
 #include "cpu_model_ops.h"
 #include "cpu_ops.h"
 
-/* Row r of a linear as floats: each weight as its format defines it (cpu_ops.h). */
-static void row_floats(const linear *l, int64_t r, float *out) {
-    const int64_t n = l->cols;
-    if (l->format == COLI_FMT_F32) {
-        memcpy(out, l->w + r * n, (size_t)n * sizeof(float));
-    } else if (l->format == COLI_FMT_Q8) {
-        for (int64_t c = 0; c < n; c++) out[c] = (float)l->q8[r * n + c] * l->scale[r];
-    } else {
-        for (int64_t c = 0; c < n; c++) {
-            const int64_t i = r * n + c;
-            const int v = (int)((l->q4[i / 2] >> (i % 2 * 4)) & 0x0F) - 8;
-            out[c] = (float)v * l->scale[r * (n / l->group) + c / l->group];
-        }
-    }
-}
-
 int model_use_latent(model *m, char *err, size_t errlen) {
     const model_config *c = &m->c;
-    const int64_t R = c->kv_lora, W = c->kv_lora + c->qk_rope, NO = c->qk_nope, V = c->v_head;
+    const int64_t W = c->kv_lora + c->qk_rope;
     for (int64_t i = 0; i < c->layers; i++) {
         layer *ly = &m->layers[i];
         if (ly->kv_b.dev || (ly->kv_b.format != COLI_FMT_F32 ? !ly->kv_b.q8 && !ly->kv_b.q4 : !ly->kv_b.w)) {
@@ -42,13 +26,10 @@ int model_use_latent(model *m, char *err, size_t errlen) {
         free(ly->k_cache), free(ly->kr_cache), free(ly->v_cache);
         ly->k_cache = ly->kr_cache = ly->v_cache = NULL;
         ly->lat_cache = malloc((size_t)(m->max_pos * W) * sizeof(float));
-        ly->kb = malloc((size_t)(c->heads * NO * R) * sizeof(float));
-        if (!ly->lat_cache || !ly->kb) {
+        if (!ly->lat_cache) {
             snprintf(err, errlen, "out of memory for a latent cache of %lld positions", (long long)m->max_pos);
             return 1;
         }
-        for (int64_t h = 0; h < c->heads; h++)
-            for (int64_t d = 0; d < NO; d++) row_floats(&ly->kv_b, h * (NO + V) + d, ly->kb + (h * NO + d) * R);
     }
     m->latent = 1;
     return 0;
@@ -64,14 +45,19 @@ void model_latent_write(const model *m, layer *ly, const float *kvn, const float
     }
 }
 
-/* Heads [b, e)'s absorbed queries: q_nope through the head's key rows (each row's
- * weight times its floats, rows in order), then its rope query. */
+/* Heads [b, e)'s absorbed queries: q_nope through the head's kv_b key rows (each
+ * row's weight times its row, rows in order, in kv_b's own format), then its rope
+ * query. */
 static void absorb(const model *m, const layer *ly, const float *q, float *qa, int64_t b, int64_t e) {
     const model_config *c = &m->c;
+    const linear *l = &ly->kv_b;
     const int64_t R = c->kv_lora, W = R + c->qk_rope, NO = c->qk_nope, qk = NO + c->qk_rope;
     for (int64_t h = b; h < e; h++) {
         float *a = qa + h * W;
-        coli_weighted_sum_f32(q + h * qk, 1, NO, ly->kb + h * NO * R, R, R, a);
+        const int64_t r0 = h * (NO + c->v_head);
+        if (l->format == COLI_FMT_F32) coli_weighted_sum_f32(q + h * qk, 1, NO, l->w + r0 * R, R, R, a);
+        else if (l->format == COLI_FMT_Q8) coli_weighted_rows_q8(q + h * qk, NO, l->q8 + r0 * R, l->scale + r0, R, a);
+        else coli_weighted_rows_q4(q + h * qk, NO, l->q4 + r0 * R / 2, l->scale + r0 * (R / l->group), l->group, R, a);
         memcpy(a + R, q + h * qk + NO, (size_t)c->qk_rope * sizeof(float));
     }
 }
@@ -124,8 +110,8 @@ static void latent_blocks(void *ctx, int64_t b, int64_t e) {
     free(scratch);
 }
 
-/* A decode's heads [b, e): their absorbed queries (every head's kv_b key rows, a
- * megabyte of floats a layer on the large model, read on every thread). */
+/* A decode's heads [b, e): their absorbed queries (every head's kv_b key rows, read
+ * once a token whatever the context). */
 static void latent_absorb(void *ctx, int64_t b, int64_t e) {
     latent_job *j = ctx;
     absorb(j->m, j->ly, j->q, j->qa, b, e);

@@ -591,7 +591,7 @@ void model_free(model *m) {
             free(ly->e_owned);
             free(ly->e_gate); free(ly->e_up); free(ly->e_down);
             free(ly->k_cache); free(ly->kr_cache); free(ly->v_cache); free(ly->ik_cache);
-            free(ly->lat_cache); free(ly->kb);
+            free(ly->lat_cache);
         }
         free(m->layers);
     }

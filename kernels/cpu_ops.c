@@ -647,6 +647,63 @@ __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
 
+/* coli_weighted_rows_q8 and _q4, 32 (then 8) outputs in registers over every row:
+ * each weight made a float as its format defines it, times the row's weight, added. */
+__attribute__((target("avx2"))) static void weighted_rows_q8_avx2(const float *w, int64_t rows, const int8_t *q,
+                                                                   const float *scale, int64_t n, float *c) {
+    int64_t d = 0;
+    for (; d + 32 <= n; d += 32) {
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t i = 0; i < rows; i++) {
+            const __m256 sv = _mm256_broadcast_ss(scale + i), wv = _mm256_broadcast_ss(w + i);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+                a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_mul_ps(q8_values8(q + i * n + d + 8 * k), sv)));
+        }
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) _mm256_storeu_ps(c + d + 8 * k, a[k]);
+    }
+    for (; d + 8 <= n; d += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t i = 0; i < rows; i++)
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(w + i),
+                                               _mm256_mul_ps(q8_values8(q + i * n + d), _mm256_broadcast_ss(scale + i))));
+        _mm256_storeu_ps(c + d, a);
+    }
+    for (; d < n; d++) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < rows; i++) acc += w[i] * ((float)q[i * n + d] * scale[i]);
+        c[d] = acc;
+    }
+}
+
+/* The int4 form where a group and a row's nibbles come in whole eights (group and n
+ * multiples of 8): eight outputs share a scale, and their nibbles are four bytes. */
+__attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w, int64_t rows, const uint8_t *packed,
+                                                                   const float *scale, int32_t group, int64_t n,
+                                                                   float *c) {
+    const int64_t groups = n / group;
+    int64_t d = 0;
+    for (; d + 32 <= n; d += 32) {
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t i = 0; i < rows; i++) {
+            const __m256 wv = _mm256_broadcast_ss(w + i);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m256 sv = _mm256_broadcast_ss(scale + i * groups + (d + 8 * k) / group);
+                a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_mul_ps(q4_values8(packed + (i * n + d + 8 * k) / 2), sv)));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) _mm256_storeu_ps(c + d + 8 * k, a[k]);
+    }
+    for (; d < n; d += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t i = 0; i < rows; i++) {
+            const __m256 sv = _mm256_broadcast_ss(scale + i * groups + d / group);
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(w + i),
+                                               _mm256_mul_ps(q4_values8(packed + (i * n + d) / 2), sv)));
+        }
+        _mm256_storeu_ps(c + d, a);
+    }
+}
+
 #define Q8_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                        \
     __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
                                                      int64_t n, int nt, float (*y)[F32_TOKENS]) {                    \
@@ -1278,6 +1335,40 @@ void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const fl
             for (int64_t i = 0; i < rows; i++) acc += w[h * rows + i] * v[i * stride + d];
             c[h * n + d] = acc;
         }
+}
+
+void coli_weighted_rows_q8(const float *w, int64_t rows, const int8_t *q, const float *scale, int64_t n, float *c) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        weighted_rows_q8_avx2(w, rows, q, scale, n, c);
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < n; d++) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < rows; i++) acc += w[i] * ((float)q[i * n + d] * scale[i]);
+        c[d] = acc;
+    }
+}
+
+void coli_weighted_rows_q4(const float *w, int64_t rows, const uint8_t *packed, const float *scale, int32_t group,
+                           int64_t n, float *c) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2() && group % 8 == 0 && n % 8 == 0) {
+        weighted_rows_q4_avx2(w, rows, packed, scale, group, n, c);
+        return;
+    }
+#endif
+    const int64_t groups = n / group;
+    for (int64_t d = 0; d < n; d++) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < rows; i++) {
+            const int64_t e = i * n + d;
+            const int v = (int)((packed[e / 2] >> (e % 2 * 4)) & 0x0F) - 8;
+            acc += w[i] * ((float)v * scale[i * groups + d / group]);
+        }
+        c[d] = acc;
+    }
 }
 
 float coli_scale_max_f32(float *x, int64_t n, float scale) {

@@ -52,6 +52,13 @@ void coli_axpy_f32(float *o, float w, const float *v, int64_t n);
  * product then a sum each, from zero (coli_axpy_f32 row after row into zeros). */
 void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const float *v, int64_t stride, int64_t n,
                            float *c);
+/* coli_weighted_sum_f32 of one output row over quantised rows: c[d] = sum over i < rows,
+ * in order, of w[i] * W[i, d], W[i, d] the weight as its format defines it (int8 q times
+ * its row's scale; int4 (nibble - 8) times its group's scale, n even), a product then a
+ * sum, from zero: the bits of coli_weighted_sum_f32 over the rows made floats. */
+void coli_weighted_rows_q8(const float *w, int64_t rows, const int8_t *q, const float *scale, int64_t n, float *c);
+void coli_weighted_rows_q4(const float *w, int64_t rows, const uint8_t *packed, const float *scale, int32_t group,
+                           int64_t n, float *c);
 /* x[i] *= scale, and the largest of them (NaNs skipped; -inf for none). */
 float coli_scale_max_f32(float *x, int64_t n, float scale);
 /* x[i] = exp(x[i] - sub): Cephes' expf (a degree-7 polynomial after taking out k ln 2,

@@ -3,8 +3,8 @@
  * 73 (past a pass's 64); int4 against x as integers with x scaled by 2^-110, an inf
  * or NaN, zeros; attention over several heads at once, the rope key kept once
  * (coli_attend_heads), against one head at a time over joined keys (coli_attend_one),
- * and the indexer's scores against one dot at a time, bit for bit; the weighted sum and
- * exp of latent attention. Prints the loops
+ * and the indexer's scores against one dot at a time, bit for bit; the weighted sums
+ * (over f32, int8 and int4 rows) and exp of latent attention. Prints the loops
  * that ran and a hash of every output's bits, so that two runs (the vector loops, and
  * COLI_CPU_PORTABLE=1) can be compared bit for bit; each output is also checked
  * against a double-precision sum. */
@@ -197,6 +197,41 @@ int main(void) {
             }
         mix(c, heads * n);
         free(w), free(v), free(c);
+    }
+    /* the weighted sum over int8 and int4 rows: the f32 weighted sum's bits over the
+     * rows made floats; int4 groups of 2 to 32, some not a multiple of 8 */
+    for (int it = 0; it < 300; it++) {
+        static const int32_t QG[] = {2, 4, 6, 8, 16, 24, 32};
+        const int32_t group = QG[rand() % 7];
+        const int64_t rows = 1 + rand() % 70, n = group * (1 + rand() % 6) * (group % 2 ? 2 : 1);
+        float *w = malloc((size_t)rows * sizeof(float)), *x = malloc((size_t)(rows * n) * sizeof(float));
+        float *deq = malloc((size_t)(rows * n) * sizeof(float)), *want = malloc((size_t)n * sizeof(float));
+        float *got = malloc((size_t)n * sizeof(float)), *sc = malloc((size_t)(rows * n) * sizeof(float));
+        int8_t *q8 = malloc((size_t)(rows * n));
+        uint8_t *q4 = malloc((size_t)(rows * n / 2));
+        for (int64_t i = 0; i < rows; i++) w[i] = rnd();
+        for (int64_t i = 0; i < rows * n; i++) x[i] = rnd() * (i % 7 == 0 ? 40.0f : 1.0f);
+        coli_quantize_q8(x, rows, n, q8, sc);
+        for (int64_t i = 0; i < rows * n; i++) deq[i] = (float)q8[i] * sc[i / n];
+        coli_weighted_sum_f32(w, 1, rows, deq, n, n, want);
+        coli_weighted_rows_q8(w, rows, q8, sc, n, got);
+        if (memcmp(want, got, (size_t)n * sizeof(float))) {
+            printf("MISMATCH weighted rows int8: rows %lld n %lld\n", (long long)rows, (long long)n);
+            return 1;
+        }
+        mix(got, n);
+        coli_quantize_q4(x, rows, n, group, q4, sc);
+        for (int64_t i = 0; i < rows * n; i++)
+            deq[i] = (float)((int)((q4[i / 2] >> (i % 2 * 4)) & 0x0F) - 8) * sc[(i / n) * (n / group) + (i % n) / group];
+        coli_weighted_sum_f32(w, 1, rows, deq, n, n, want);
+        coli_weighted_rows_q4(w, rows, q4, sc, group, n, got);
+        if (memcmp(want, got, (size_t)n * sizeof(float))) {
+            printf("MISMATCH weighted rows int4: rows %lld n %lld group %d\n", (long long)rows, (long long)n, group);
+            return 1;
+        }
+        mix(got, n);
+        checked += 2 * (int)n;
+        free(w), free(x), free(deq), free(want), free(got), free(sc), free(q8), free(q4);
     }
     /* exp: within 3 ulp of libm's double exp over [-90, 1], 0 below -87.34, odd lengths */
     for (int it = 0; it < 200; it++) {
