@@ -102,8 +102,9 @@ static void latent_blocks(void *ctx, int64_t b, int64_t e) {
     }
     float *m = j->parts, *l = m + blocks * H, *cc = l + blocks * H;
     for (int64_t k = b; k < e; k++) {
-        const int64_t k0 = k * COLI_LATENT_BLOCK, nb = j->count - k0 < COLI_LATENT_BLOCK ? j->count - k0 : COLI_LATENT_BLOCK;
-        const int64_t next_nb = k + 1 < e ? (j->count - k0 - nb < COLI_LATENT_BLOCK ? j->count - k0 - nb : COLI_LATENT_BLOCK) : 0;
+        const int64_t k0 = k * COLI_LATENT_BLOCK, rest = j->count - k0;
+        const int64_t nb = rest < COLI_LATENT_BLOCK ? rest : COLI_LATENT_BLOCK;
+        const int64_t next_nb = k + 1 < e ? (rest - nb < COLI_LATENT_BLOCK ? rest - nb : COLI_LATENT_BLOCK) : 0;
         coli_latent_block(j->qa, H, j->ly->lat_cache, R + c->qk_rope, R, j->keys + k0, nb, j->keys + k0 + nb, next_nb,
                           j->scaling, scratch, m + k * H, l + k * H, cc + k * H * R);
     }
@@ -135,7 +136,8 @@ static void latent_queries(void *ctx, int64_t b, int64_t e) {
     const int64_t H = c->heads, R = c->kv_lora, W = R + c->qk_rope;
     const int64_t most_blocks = (j->total + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
     float *scratch = scratch_of(c), *qa = malloc((size_t)(H * W) * sizeof(float));
-    float *parts = malloc((size_t)(most_blocks * H * (R + 2)) * sizeof(float)), *out = malloc((size_t)(H * R) * sizeof(float));
+    float *parts = malloc((size_t)(most_blocks * H * (R + 2)) * sizeof(float));
+    float *out = malloc((size_t)(H * R) * sizeof(float));
     int64_t *keys = malloc((size_t)j->total * sizeof *keys);
     if (!scratch || !qa || !parts || !out || !keys) {
         j->failed = 1;

@@ -359,7 +359,8 @@ __attribute__((target("avx2"), always_inline)) static inline void wsum_avx2_head
         _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) a[h] = _mm256_setzero_ps();
         for (int64_t i = 0; i < rows; i++) {
             const __m256 v0 = _mm256_loadu_ps(v + i * stride + d);
-            _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(_mm256_broadcast_ss(w + h * rows + i), v0));
+            _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++)
+                a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(_mm256_broadcast_ss(w + h * rows + i), v0));
         }
         _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) _mm256_storeu_ps(c + h * n + d, a[h]);
     }
@@ -372,7 +373,8 @@ __attribute__((target("avx2"), always_inline)) static inline void wsum_avx2_head
 }
 
 __attribute__((target("avx2"))) static void weighted_sum_f32_avx2(const float *w, int64_t heads, int64_t rows,
-                                                                   const float *v, int64_t stride, int64_t n, float *c) {
+                                                                   const float *v, int64_t stride, int64_t n,
+                                                                   float *c) {
     int64_t h = 0;
     for (; h + 4 <= heads; h += 4) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 4);
     if (heads - h == 3) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 3);
@@ -663,9 +665,10 @@ __attribute__((target("avx2"))) static void weighted_rows_q8_avx2(const float *w
     }
     for (; d + 8 <= n; d += 8) {
         __m256 a = _mm256_setzero_ps();
-        for (int64_t i = 0; i < rows; i++)
-            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(w + i),
-                                               _mm256_mul_ps(q8_values8(q + i * n + d), _mm256_broadcast_ss(scale + i))));
+        for (int64_t i = 0; i < rows; i++) {
+            const __m256 v = _mm256_mul_ps(q8_values8(q + i * n + d), _mm256_broadcast_ss(scale + i));
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(w + i), v));
+        }
         _mm256_storeu_ps(c + d, a);
     }
     for (; d < n; d++) {
@@ -688,7 +691,8 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
             const __m256 wv = _mm256_broadcast_ss(w + i);
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                 const __m256 sv = _mm256_broadcast_ss(scale + i * groups + (d + 8 * k) / group);
-                a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_mul_ps(q4_values8(packed + (i * n + d + 8 * k) / 2), sv)));
+                const __m256 v = q4_values8(packed + (i * n + d + 8 * k) / 2);
+                a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_mul_ps(v, sv)));
             }
         }
         _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) _mm256_storeu_ps(c + d + 8 * k, a[k]);

@@ -222,7 +222,8 @@ int main(void) {
         mix(got, n);
         coli_quantize_q4(x, rows, n, group, q4, sc);
         for (int64_t i = 0; i < rows * n; i++)
-            deq[i] = (float)((int)((q4[i / 2] >> (i % 2 * 4)) & 0x0F) - 8) * sc[(i / n) * (n / group) + (i % n) / group];
+            deq[i] = (float)((int)((q4[i / 2] >> (i % 2 * 4)) & 0x0F) - 8) *
+                     sc[(i / n) * (n / group) + (i % n) / group];
         coli_weighted_sum_f32(w, 1, rows, deq, n, n, want);
         coli_weighted_rows_q4(w, rows, q4, sc, group, n, got);
         if (memcmp(want, got, (size_t)n * sizeof(float))) {

@@ -23,7 +23,8 @@ int main(void) {
         const int64_t heads = 1 + rand() % 6, rank = 1 + rand() % 40, rope = rand() % 9, width = rank + rope;
         /* now and then past 64 blocks, which the combine takes 64 at a time */
         const int64_t total = it % 40 == 0 ? 12600 + rand() % 400 : 1 + rand() % 300;
-        float *lat = malloc((size_t)(total * width) * sizeof(float)), *qa = malloc((size_t)(heads * width) * sizeof(float));
+        float *lat = malloc((size_t)(total * width) * sizeof(float));
+        float *qa = malloc((size_t)(heads * width) * sizeof(float));
         int64_t *keys = malloc((size_t)total * sizeof *keys), count = 0;
         const int every = rand() % 3 == 0; /* a prefill's early query: every key, the rows side by side */
         for (int64_t t = 0; t < total; t++)
@@ -34,12 +35,15 @@ int main(void) {
         for (int64_t i = 0; i < heads * width; i++) qa[i] = uniform();
         const int64_t blocks = (count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
         float *scratch = malloc((size_t)coli_latent_block_scratch(heads, width) * sizeof(float));
-        float *parts = malloc((size_t)(blocks * heads * (rank + 2)) * sizeof(float)), *parts2 = malloc((size_t)(blocks * heads * (rank + 2)) * sizeof(float));
-        float *ctx = malloc((size_t)(heads * rank) * sizeof(float)), *ctx2 = malloc((size_t)(heads * rank) * sizeof(float));
+        const size_t part_bytes = (size_t)(blocks * heads * (rank + 2)) * sizeof(float);
+        float *parts = malloc(part_bytes), *parts2 = malloc(part_bytes);
+        float *ctx = malloc((size_t)(heads * rank) * sizeof(float));
+        float *ctx2 = malloc((size_t)(heads * rank) * sizeof(float));
         coli_attend_latent(qa, heads, lat, width, rank, keys, count, scaling, scratch, parts, ctx);
         float *m = parts2, *l = m + blocks * heads, *c = l + blocks * heads;
         for (int64_t b = blocks - 1; b >= 0; b--) {
-            const int64_t k0 = b * COLI_LATENT_BLOCK, nb = count - k0 < COLI_LATENT_BLOCK ? count - k0 : COLI_LATENT_BLOCK;
+            const int64_t k0 = b * COLI_LATENT_BLOCK;
+            const int64_t nb = count - k0 < COLI_LATENT_BLOCK ? count - k0 : COLI_LATENT_BLOCK;
             coli_latent_block(qa, heads, lat, width, rank, keys + k0, nb, keys, b ? COLI_LATENT_BLOCK : 0, scaling,
                               scratch, m + b * heads, l + b * heads, c + b * heads * rank);
         }
