@@ -755,7 +755,8 @@ def test_join_beyond_max_path(fx: Fixtures) -> None:
 
 def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
     """The real host (coli / coli.exe) beside the fake HIP backend: binding, backend load,
-    dense tensors resident, teacher forcing equal to the oracle and the CPU path."""
+    dense tensors resident, teacher forcing equal to the oracle and the CPU path; and the
+    CPU path's latent cache giving the expanded cache's predictions on this platform."""
     import json
     import subprocess
 
@@ -795,6 +796,12 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
         assert h["tf_pred"] == c["tf_pred"] and h["top2_margin"] == c["top2_margin"]
         if quant == "f32":
             assert h["tf_pred"] == exp["tf_pred"]
+        # the CPU path's latent cache, built for this platform too: the expanded cache's predictions
+        lat = subprocess.run([*base, "--backend", "none", "--kv", "latent"], capture_output=True, env=env, timeout=300)
+        assert lat.returncode == 0, lat.stderr
+        la = json.loads(lat.stdout)
+        assert la["kv_cache"] == "latent" and la["tf_pred"] == c["tf_pred"]
+        assert all(abs(a - b) < 1e-4 for a, b in zip(la["top2_margin"], c["top2_margin"], strict=True))
     # a refusal is one line, and the run goes on on the CPU with the same tokens
     unset = {k: v for k, v in env.items() if k != "COLI_HIP_RUNTIME_DIR"}
     r = subprocess.run([*base, "--backend", "hip"], capture_output=True, env=unset, timeout=300)
