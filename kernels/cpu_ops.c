@@ -332,11 +332,13 @@ __attribute__((target("avx2"))) static void axpy_f32_avx2(float *o, float w, con
     for (; d < n; d++) o[d] += w * v[d];
 }
 
-/* coli_weighted_sum_f32 for NH (1 to 4) rows of weights: 16 (then 8) outputs of each
- * in registers over every row of v, each a product then a sum a row, from zero. */
+/* coli_weighted_sum_f32 for NH (1 to 4) rows of weights and n outputs of each (row h's
+ * at c + h * c_stride): 16 (then 8) in registers over every row of v, each a product
+ * then a sum a row, from zero. */
 __attribute__((target("avx2"), always_inline)) static inline void wsum_avx2_heads(const float *w, int64_t rows,
                                                                                  const float *v, int64_t stride,
-                                                                                 int64_t n, float *c, const int NH) {
+                                                                                 int64_t n, float *c, int64_t c_stride,
+                                                                                 const int NH) {
     int64_t d = 0;
     for (; d + 16 <= n; d += 16) {
         __m256 a[4][2];
@@ -350,8 +352,8 @@ __attribute__((target("avx2"), always_inline)) static inline void wsum_avx2_head
             }
         }
         _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
-            _mm256_storeu_ps(c + h * n + d, a[h][0]);
-            _mm256_storeu_ps(c + h * n + d + 8, a[h][1]);
+            _mm256_storeu_ps(c + h * c_stride + d, a[h][0]);
+            _mm256_storeu_ps(c + h * c_stride + d + 8, a[h][1]);
         }
     }
     for (; d + 8 <= n; d += 8) {
@@ -362,24 +364,29 @@ __attribute__((target("avx2"), always_inline)) static inline void wsum_avx2_head
             _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++)
                 a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(_mm256_broadcast_ss(w + h * rows + i), v0));
         }
-        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) _mm256_storeu_ps(c + h * n + d, a[h]);
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) _mm256_storeu_ps(c + h * c_stride + d, a[h]);
     }
     for (; d < n; d++)
         _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
             float acc = 0.0f;
             for (int64_t i = 0; i < rows; i++) acc += w[h * rows + i] * v[i * stride + d];
-            c[h * n + d] = acc;
+            c[h * c_stride + d] = acc;
         }
 }
 
 __attribute__((target("avx2"))) static void weighted_sum_f32_avx2(const float *w, int64_t heads, int64_t rows,
                                                                    const float *v, int64_t stride, int64_t n,
                                                                    float *c) {
-    int64_t h = 0;
-    for (; h + 4 <= heads; h += 4) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 4);
-    if (heads - h == 3) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 3);
-    if (heads - h == 2) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 2);
-    if (heads - h == 1) wsum_avx2_heads(w + h * rows, rows, v, stride, n, c + h * n, 1);
+    /* 32 outputs at a time for every group of heads, so that the rows' slice (a block of
+     * 64 latents: 8 KiB) is read from L1 by each group rather than the rows from L2 */
+    for (int64_t d = 0; d < n; d += 32) {
+        const int64_t nd = n - d < 32 ? n - d : 32;
+        int64_t h = 0;
+        for (; h + 4 <= heads; h += 4) wsum_avx2_heads(w + h * rows, rows, v + d, stride, nd, c + h * n + d, n, 4);
+        if (heads - h == 3) wsum_avx2_heads(w + h * rows, rows, v + d, stride, nd, c + h * n + d, n, 3);
+        if (heads - h == 2) wsum_avx2_heads(w + h * rows, rows, v + d, stride, nd, c + h * n + d, n, 2);
+        if (heads - h == 1) wsum_avx2_heads(w + h * rows, rows, v + d, stride, nd, c + h * n + d, n, 1);
+    }
 }
 
 /* coli_exp_f32's steps on 8 values: the same operations, so the same bits. */
