@@ -158,12 +158,9 @@ static int linears_fwd(model *m, const linear *const *ls, int count, const float
 
 /* ---- attention ---------------------------------------------------------- */
 
-/* The query in slot i of a job's n, slots taken in the order 0, n - 1, 1, n - 2, ...:
- * the pool hands each thread a contiguous range of slots, and a prefill's later
- * queries see more keys, so this pairs a short query with a long one and the ranges
- * carry even work (in order, the first thread's half of a 4,000-token prefill held a
- * third of attention's). Each query's results are the same whichever thread runs it. */
-static int64_t balanced_query(int64_t i, int64_t n) { return i % 2 ? n - 1 - i / 2 : i / 2; }
+/* A prefill's queries go to the threads through pool_balanced: a later query sees more
+ * keys (in order, the first thread's half of a 4,000-token prefill held a third of
+ * attention's). Each query's results are the same whichever thread runs it. */
 
 typedef struct attn_job {
     const model *m;
@@ -188,7 +185,7 @@ static void attn_items(void *ctx, int64_t b, int64_t e) {
         return;
     }
     for (int64_t it = b; it < e;) {
-        const int64_t s = balanced_query(it / H, j->n), h = it % H, run = (e - it < H - h ? e - it : H - h);
+        const int64_t s = pool_balanced(it / H, j->n), h = it % H, run = (e - it < H - h ? e - it : H - h);
         coli_attend_heads(j->q + (s * H + h) * qk, j->ly->k_cache + h * c->qk_nope, j->ly->kr_cache,
                           j->ly->v_cache + h * V, H * c->qk_nope, c->qk_rope, H * V, run, c->qk_nope, qk, V,
                           j->sel + s * j->total, j->t0 + s, j->scaling, p, j->out + (s * H + h) * V);
@@ -238,7 +235,7 @@ static void idx_items(void *ctx, int64_t b, int64_t e) {
         return;
     }
     for (int64_t slot = b; slot < e; slot++) {
-        const int64_t s = balanced_query(slot, j->n), valid = j->t0 + s + 1;
+        const int64_t s = pool_balanced(slot, j->n), valid = j->t0 + s + 1;
         unsigned char *sel = j->sel + s * j->total;
         memset(sel, 0, (size_t)j->total);
         if (valid > c->index_topk) {

@@ -19,7 +19,7 @@ int model_use_latent(model *m, char *err, size_t errlen) {
     const int64_t W = c->kv_lora + c->qk_rope;
     for (int64_t i = 0; i < c->layers; i++) {
         layer *ly = &m->layers[i];
-        if (ly->kv_b.dev || (ly->kv_b.format != COLI_FMT_F32 ? !ly->kv_b.q8 && !ly->kv_b.q4 : !ly->kv_b.w)) {
+        if (ly->kv_b.dev) { /* resident in a backend, its host copy is gone */
             snprintf(err, errlen, "the latent cache needs kv_b on the CPU (layer %lld)", (long long)i);
             return 1;
         }
@@ -126,9 +126,6 @@ static void latent_combine(void *ctx, int64_t b, int64_t e) {
     coli_latent_combine(used, H, b, e, c->kv_lora, j->parts, j->parts + used * H, j->parts + 2 * used * H, j->ctx);
 }
 
-/* Balanced as model_forward.c's prefill attention: slot i is query 0, n - 1, 1, ... */
-static int64_t balanced_query(int64_t i, int64_t n) { return i % 2 ? n - 1 - i / 2 : i / 2; }
-
 /* A prefill: queries in slots [b, e), each its blocks in turn. */
 static void latent_queries(void *ctx, int64_t b, int64_t e) {
     latent_job *j = ctx;
@@ -143,7 +140,7 @@ static void latent_queries(void *ctx, int64_t b, int64_t e) {
         j->failed = 1;
     } else {
         for (int64_t slot = b; slot < e; slot++) {
-            const int64_t s = balanced_query(slot, j->n);
+            const int64_t s = pool_balanced(slot, j->n);
             absorb(j->m, j->ly, j->q + s * H * (c->qk_nope + c->qk_rope), qa, 0, H);
             const int64_t count = keys_of(j->sel + s * j->total, j->t0 + s + 1, keys);
             coli_attend_latent(qa, H, j->ly->lat_cache, W, R, keys, count, j->scaling, scratch, parts, out);

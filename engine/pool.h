@@ -15,4 +15,10 @@ void pool_destroy(pool *p);
 void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n);
 int pool_threads(const pool *p);
 
+/* The item in slot i of n, slots taken in the order 0, n - 1, 1, n - 2, ...: each thread
+ * gets a contiguous range of slots, so where later items cost more (a prefill's later
+ * queries see more keys) this pairs a cheap item with a dear one and the ranges carry
+ * even work. */
+static inline int64_t pool_balanced(int64_t i, int64_t n) { return i % 2 ? n - 1 - i / 2 : i / 2; }
+
 #endif

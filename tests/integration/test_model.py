@@ -12,7 +12,7 @@ import shutil
 import struct
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -191,8 +191,8 @@ def test_the_latent_cache_gives_the_expanded_caches_tokens(
         gen = {kv: run_json(host, *base, "--ids", ids(prompt), "--generate", "8", "--kv", kv)
                for kv in ("expanded", "latent")}  # fmt: skip
         assert tf["latent"]["kv_cache"] == "latent" and tf["expanded"]["kv_cache"] == "expanded"
-        lists: list[list[Any]] = [tf[kv][key] for key in ("top2_margin", "tf_pred") for kv in ("expanded", "latent")]  # type: ignore[misc]
-        m_exp, m_lat, p_exp, p_lat = lists
+        m_exp, m_lat, p_exp, p_lat = (cast(list[Any], tf[kv][key]) for key in ("top2_margin", "tf_pred")
+                                      for kv in ("expanded", "latent"))  # fmt: skip
         for a, b, x, y in zip(m_exp, m_lat, p_exp, p_lat, strict=True):
             assert abs(a - b) < 1e-4 and (x == y or a < 1e-4), (model.name, quant)
         assert gen["latent"]["generated"] == gen["expanded"]["generated"], (model.name, quant)
