@@ -35,7 +35,7 @@ if [[ ${COLI_BENCH_LARGE:-1} == 1 ]]; then
   ids=$(python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range(12)))")
   for backend in none "$LIB"; do
     for q in f32 int8 int4; do
-      "$HOST" --model "$work/large" --ids "$ids" --generate 64 --quant $q --backend "$backend" --offload matmuls --json \
+      "$HOST" --model "$work/large" --ids "$ids" --generate 64 --quant $q --backend "$backend" --offload matmuls --kv expanded --json \
         | python3 -c "import json,sys;d=json.load(sys.stdin);print(json.dumps({'backend':d['backend'],'quant':d['quant'],'decode_tok_s':d['decode_tokens_per_second'],'resident':d['resident_tensors'],'threads':d['threads'],'backend_calls':d['backend_calls'],'backend_matmuls':d['backend_matmuls'],'backend_seconds':d['backend_seconds'],'decode_seconds':d['decode_seconds']}))" \
         | tee -a "$out/large_decode.jsonl"
     done
@@ -44,7 +44,7 @@ if [[ ${COLI_BENCH_LARGE:-1} == 1 ]]; then
   ids=$(python3 -c "import random;random.seed(2);print(','.join(str(random.randrange(2,32000)) for _ in range(256)))")
   for backend in none "$LIB"; do
     for q in f32 int8 int4; do
-      "$HOST" --model "$work/large" --ids "$ids" --teacher-force --quant $q --backend "$backend" --offload matmuls --json \
+      "$HOST" --model "$work/large" --ids "$ids" --teacher-force --quant $q --backend "$backend" --offload matmuls --kv expanded --json \
         | python3 -c "import json,sys;d=json.load(sys.stdin);print(json.dumps({'backend':d['backend'],'quant':d['quant'],'positions':d['positions'],'prefill_tok_s':d['tokens_per_second'],'seconds':d['seconds'],'backend_seconds':d['backend_seconds'],'resident':d['resident_tensors'],'threads':d['threads'],'tf_pred_hash':hash(tuple(d['tf_pred']))%10**8}))" \
         | tee -a "$out/large_prefill.jsonl"
     done

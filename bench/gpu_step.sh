@@ -65,7 +65,7 @@ print(json.dumps(r))" | tee -a "$out/step.jsonl"
 }
 for q in f32 int8 int4; do
   run step "$q" 12 128 --backend "$LIB"
-  run cpu "$q" 12 128 --backend none
+  run cpu "$q" 12 128 --backend none --kv expanded  # the cache form the step keeps
 done
 COLI_GPU_GRAPHS=0 run step-no-graphs int8 12 128 --backend "$LIB"
 COLI_GPU_CHAIN=0 run step-no-chain int8 12 128 --backend "$LIB"

@@ -13,13 +13,13 @@ python3 bench/make_synthetic.py "$work/large" > /dev/null
 prompt() { python3 -c "import random;random.seed(1);print(','.join(str(random.randrange(2,32000)) for _ in range($1)))"; }
 for q in f32 int8 int4; do
   for b in "$LIB" none; do
-    "$HOST" --model "$work/large" --ids "$(prompt 12)" --generate 128 --quant "$q" --backend "$b" --json |
+    "$HOST" --model "$work/large" --ids "$(prompt 12)" --generate 128 --quant "$q" --backend "$b" --kv expanded --json |
       python3 -c "import json,sys; d=json.load(sys.stdin); print('$q', d['tier'], round(d['decode_tokens_per_second'],1), hash(tuple(d['generated'])))"
   done
 done
 for q in int8 int4; do
   for b in "$LIB" none; do
-    "$HOST" --model "$work/large" --ids "$(prompt 64)" --teacher-force --quant "$q" --backend "$b" --json |
+    "$HOST" --model "$work/large" --ids "$(prompt 64)" --teacher-force --quant "$q" --backend "$b" --kv expanded --json |
       python3 -c "import json,sys; d=json.load(sys.stdin); print('$q tf', d['tier'], hash(tuple(d['tf_pred'])))"
   done
 done

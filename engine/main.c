@@ -45,8 +45,9 @@ static const char USAGE[] =
     "  --quant MODE       f32 (default), int8 or int4 weights (dense matmuls and routed experts)\n"
     "  --backend B        run the model in backend B: ref, cuda or hip (from this program's folder),\n"
     "                     an absolute path, or none (CPU). hip binds the runtime in COLI_HIP_RUNTIME_DIR\n"
-    "  --kv FORM          the CPU path's cache: expanded (default; each head's key and value) or latent\n"
-    "                     (MLA's latent and rope key a position, attention in the absorbed form)\n"
+    "  --kv FORM          the KV cache: latent (the CPU path's default: MLA's latent and rope key a\n"
+    "                     position, attention in the absorbed form) or expanded (each head's key and\n"
+    "                     value; the only form, and the default, where --backend names a backend)\n"
     "  --offload WHAT     with a backend: step (default; the whole forward, every weight resident)\n"
     "                     or matmuls (only the dense matmuls, one call each; the rest on the CPU)\n"
     "  --threads N        CPU threads (default: the CPUs available, at most 16)\n"
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
         return coli_doctor(argc == 3, stdout);
     }
     const char *backend_path = NULL, *model_dir = NULL, *ids_arg = NULL;
-    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count(), whole_step = 1, latent = 0;
+    int selftest = 0, json = 0, device = 0, teacher = 0, threads = cpu_count(), whole_step = 1, latent = -1;
     long generate = -1, v;
     quant_mode quant = QUANT_F32;
     selftest_shapes shapes = SELFTEST_CORE_SHAPES;
@@ -227,9 +228,15 @@ int main(int argc, char **argv) {
     if (!model_dir) return usage_error("--model DIR is required", NULL);
     if (!ids_arg) return usage_error("--ids is required", NULL);
     if (teacher == (generate >= 0)) return usage_error("give exactly one of --teacher-force and --generate N", NULL);
-    if (latent && backend_path)
+    if (latent == 1 && backend_path)
         return usage_error("--kv latent runs on the CPU path only (a backend's step keeps the expanded cache)",
                            backend_path);
+    /* The latent cache holds 7.2 times fewer bytes a position, so a long context's decode
+     * reads that much less, and at a short one its absorption reads the kv_b rows the
+     * expanded form's kv_b matmul would. A named backend keeps the expanded cache even
+     * where it fails to load and the CPU path runs instead: a run's numbers then do not
+     * depend on whether the GPU tier started. */
+    if (latent < 0) latent = !backend_path;
 
     int32_t *ids = NULL;
     int64_t n = 0;

@@ -1,9 +1,10 @@
 """Running the engine and judging its answers.
 
 - host: the CPU path against the oracle (teacher forcing at every position, and
-  the greedy decode) on every reference model;
+  the greedy decode) on every reference model, with each form of its KV cache;
 - backend: the backend's selftest, then the engine through the backend against
-  the CPU path at each weight format, token-exact at every position.
+  the CPU path at each weight format, token-exact at every position (the CPU path
+  with the expanded cache, the form the backend's step keeps).
 
 A backend whose device cannot start here (no GPU) is reported as not run, with
 the engine's own reason; only a wrong answer fails.
@@ -23,7 +24,7 @@ from .wine import warm
 
 __all__ = ["VALIDATE_VERSION", "Validation", "format_validation", "run_selftest", "validate_backend", "validate_host"]
 
-VALIDATE_VERSION = 2
+VALIDATE_VERSION = 3
 UNAVAILABLE = 3
 
 PathFn = Callable[[Path], str]  # how the host sees a path (Wine: Z:\...)
@@ -135,26 +136,33 @@ def _failed_run(name: str, run: _Run) -> dict[str, Any]:
 def validate_host(
     launcher: Sequence[str], host: Path, models: Sequence[Path], path_of: PathFn, label: str
 ) -> Validation:
-    """CPU f32 against the oracle: teacher forcing at every position and the greedy decode."""
+    """CPU f32 against the oracle, with the latent cache (the CPU path's default) and the
+    expanded one: teacher forcing at every position and the greedy decode."""
     checks: list[dict[str, Any]] = []
     for model in models:
         exp = _expected(model)
-        base = ["--model", path_of(model), "--backend", "none", "--threads", "2"]
-        tf = _engine(launcher, host, [*base, "--ids", _ids(exp["ids"]), "--teacher-force"])
-        name = f"{model.name} cpu f32 vs oracle: teacher forcing"
-        if tf.data is None or tf.rc != 0:
-            checks.append(_failed_run(name, tf))
-        else:
-            checks.append(
-                _compare(name, tf.data["tf_pred"], exp["tf_pred"], tf.data["top2_margin"], "engine", "oracle")
-            )
-        gen = _engine(launcher, host, [*base, "--ids", _ids(exp["prompt"]), "--generate", str(len(exp["generated"]))])
-        name = f"{model.name} cpu f32 vs oracle: greedy decode"
-        if gen.data is None or gen.rc != 0:
-            checks.append(_failed_run(name, gen))
-        else:
-            checks.append(_compare(name, gen.data["generated"], exp["generated"], None, "engine", "oracle"))
+        for kv in KV_FORMS:
+            base = ["--model", path_of(model), "--backend", "none", "--threads", "2", "--kv", kv]
+            tf = _engine(launcher, host, [*base, "--ids", _ids(exp["ids"]), "--teacher-force"])
+            name = f"{model.name} cpu f32 {kv} cache vs oracle: teacher forcing"
+            if tf.data is None or tf.rc != 0:
+                checks.append(_failed_run(name, tf))
+            else:
+                margins = tf.data["top2_margin"]
+                checks.append(_compare(name, tf.data["tf_pred"], exp["tf_pred"], margins, "engine", "oracle"))
+            prompt = [*base, "--ids", _ids(exp["prompt"]), "--generate", str(len(exp["generated"]))]
+            gen = _engine(launcher, host, prompt)
+            name = f"{model.name} cpu f32 {kv} cache vs oracle: greedy decode"
+            if gen.data is None or gen.rc != 0:
+                checks.append(_failed_run(name, gen))
+            else:
+                checks.append(_compare(name, gen.data["generated"], exp["generated"], None, "engine", "oracle"))
     return _judge(label, checks)
+
+
+KV_FORMS = ("latent", "expanded")
+# The CPU path a backend is held to: the expanded cache, the form its step keeps.
+CPU_AS_BACKEND = ("--backend", "none", "--threads", "2", "--kv", "expanded")
 
 
 def validate_backend(
@@ -180,7 +188,7 @@ def validate_backend(
         exp = _expected(model)
         for quant in quants:
             base = ["--model", path_of(model), "--ids", _ids(exp["ids"]), "--teacher-force", "--quant", quant]
-            cpu = _engine(launcher, host, [*base, "--backend", "none", "--threads", "2"])
+            cpu = _engine(launcher, host, [*base, *CPU_AS_BACKEND])
             dev = _engine(launcher, host, [*base, "--backend", lib], env)
             name = f"{model.name} {quant}: backend vs cpu, teacher forcing"
             if cpu.data is None or cpu.rc != 0:
@@ -216,7 +224,7 @@ def _greedy_check(
     """The greedy decode through the backend's whole step against the CPU path's."""
     base = ["--model", path_of(model), "--ids", _ids(exp["prompt"]), "--generate", str(GREEDY_TOKENS), "--quant", quant]
     name = f"{model.name} {quant}: backend vs cpu, greedy decode of {GREEDY_TOKENS}"
-    cpu = _engine(launcher, host, [*base, "--backend", "none", "--threads", "2"])
+    cpu = _engine(launcher, host, [*base, *CPU_AS_BACKEND])
     dev = _engine(launcher, host, [*base, "--backend", lib], env)
     for run in (cpu, dev):
         if run.data is None or run.rc != 0:

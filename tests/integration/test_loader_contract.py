@@ -755,8 +755,9 @@ def test_join_beyond_max_path(fx: Fixtures) -> None:
 
 def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
     """The real host (coli / coli.exe) beside the fake HIP backend: binding, backend load,
-    dense tensors resident, teacher forcing equal to the oracle and the CPU path; and the
-    CPU path's latent cache giving the expanded cache's predictions on this platform."""
+    dense tensors resident, teacher forcing equal to the oracle and the CPU path with the
+    expanded cache; and the CPU path's default, the latent cache, giving the expanded
+    cache's predictions on this platform."""
     import json
     import subprocess
 
@@ -786,7 +787,9 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
             "--quant",
             quant,
         ]
-        cpu = subprocess.run([*base, "--backend", "none"], capture_output=True, env=env, timeout=300)
+        # the CPU path with the cache form the backend's step keeps
+        expanded = ["--backend", "none", "--kv", "expanded"]
+        cpu = subprocess.run([*base, *expanded], capture_output=True, env=env, timeout=300)
         hip = subprocess.run([*base, "--backend", "hip"], capture_output=True, env=env, timeout=300)
         assert cpu.returncode == 0 and hip.returncode == 0, hip.stderr
         c, h = json.loads(cpu.stdout), json.loads(hip.stdout)
@@ -796,8 +799,8 @@ def test_engine_in_hip_mode_end_to_end(fx: Fixtures, gen_dir: Path) -> None:
         assert h["tf_pred"] == c["tf_pred"] and h["top2_margin"] == c["top2_margin"]
         if quant == "f32":
             assert h["tf_pred"] == exp["tf_pred"]
-        # the CPU path's latent cache, built for this platform too: the expanded cache's predictions
-        lat = subprocess.run([*base, "--backend", "none", "--kv", "latent"], capture_output=True, env=env, timeout=300)
+        # the CPU path's default, the latent cache, built for this platform too: the expanded cache's predictions
+        lat = subprocess.run([*base, "--backend", "none"], capture_output=True, env=env, timeout=300)
         assert lat.returncode == 0, lat.stderr
         la = json.loads(lat.stdout)
         assert la["kv_cache"] == "latent" and la["tf_pred"] == c["tf_pred"]

@@ -34,6 +34,11 @@ def ids(values: list[int]) -> str:
     return ",".join(map(str, values))
 
 
+# The CPU path a backend is held to: the expanded cache, the form a backend keeps (the
+# CPU path's default, the latent cache, gives the same tokens up to rounding).
+AS_THE_BACKEND = ("--kv", "expanded")
+
+
 def run_json(host: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     proc = run_host(host, *args, "--json", env=env)
     assert proc.returncode == 0, proc.stderr
@@ -64,7 +69,7 @@ def test_reference_backend_matches_the_cpu_path(sanitized: tuple[Path, Path], qu
     for name in ("glm_tiny", "glm_tiny2"):
         exp = expected(MODELS / name)
         base = ["--model", str(MODELS / name), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", quant]
-        cpu = run_json(host, *base)
+        cpu = run_json(host, *base, *AS_THE_BACKEND)
         dev = run_json(host, *base, "--backend", str(ref), "--offload", "matmuls")
         assert dev["backend"] == "ref" and isinstance(dev["resident_tensors"], int) and dev["resident_tensors"] > 0
         assert dev["tier"] == "matmuls" and dev["step_ops"] == 0 and dev["round_trips"] == 0
@@ -91,7 +96,7 @@ def test_the_whole_step_in_the_reference_backend_matches_the_cpu_path(sanitized:
         exp = expected(MODELS / name)
         base = ["--model", str(MODELS / name), "--quant", quant]
         tf = ["--ids", ids(exp["ids"]), "--teacher-force"]
-        cpu, dev = run_json(host, *base, *tf), run_json(host, *base, *tf, "--backend", str(ref))
+        cpu, dev = run_json(host, *base, *tf, *AS_THE_BACKEND), run_json(host, *base, *tf, "--backend", str(ref))
         assert dev["tier"] == "step" and dev["backend"] == "ref" and dev["backend_calls"] == 0
         assert isinstance(dev["step_ops"], int) and dev["step_ops"] > 0
         assert dev["round_trips"] == 2  # the ids in, the logits out
@@ -99,17 +104,18 @@ def test_the_whole_step_in_the_reference_backend_matches_the_cpu_path(sanitized:
         assert dev["tf_pred"] == cpu["tf_pred"], (name, quant)
         assert dev["top2_margin"] == cpu["top2_margin"]
         gen = ["--ids", ids(exp["prompt"]), "--generate", "20"]
-        cpu, dev = run_json(host, *base, *gen), run_json(host, *base, *gen, "--backend", str(ref))
+        cpu, dev = run_json(host, *base, *gen, *AS_THE_BACKEND), run_json(host, *base, *gen, "--backend", str(ref))
         assert dev["generated"] == cpu["generated"], (name, quant)
         assert dev["decode_round_trips"] == 2 * 19 and dev["backend_calls"] == 0
 
 
-def _token_bytes_f32(model: Path) -> tuple[int, int]:
+def _token_bytes_f32(model: Path) -> tuple[int, int, int]:
     """What a decoded token of `model` reads at f32, from its tensors' shapes: every
     weight once, but one row of the embedding table (and all of it as a tied lm_head)
     and k of E of the routed experts;
-    and the CPU path's caches per position (K's nope part and V per head, the rope key
-    the heads share once, the indexer's keys)."""
+    and the CPU path's caches per position: the expanded cache (K's nope part and V per
+    head, the rope key the heads share once, the indexer's keys), then the latent one
+    (the latent, the rope key, the indexer's keys)."""
     c = json.loads((model / "config.json").read_text())
     total = 0
     tensors = {k: v for f in sorted(model.glob("*.safetensors")) for k, v in stio.read(f).items()}
@@ -122,23 +128,28 @@ def _token_bytes_f32(model: Path) -> tuple[int, int]:
         total += n
     heads, nope, rope, v = (c[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     full = sum(t == "full" for t in c["indexer_types"])
-    return total, 4 * (c["num_hidden_layers"] * (heads * (nope + v) + rope) + full * c["index_head_dim"])
+    per_position = [c["num_hidden_layers"] * (part + rope) + full * c["index_head_dim"]
+                    for part in (heads * (nope + v), c["kv_lora_rank"])]  # fmt: skip
+    return total, 4 * per_position[0], 4 * per_position[1]
 
 
 def test_the_cpu_path_reports_what_a_token_reads(sanitized: tuple[Path, Path]) -> None:
     """`coli --json` gives every tier the bytes a decoded token reads (the limit a decode
     figure is a share of, bench/engine_speed.py): at f32 the model's own tensors; int8
-    and int4 less, int4 least."""
+    and int4 less, int4 least; and the bytes a position of each cache form holds."""
     host, _ = sanitized
     for name in ("glm_tiny", "glm_tiny2"):
         exp = expected(MODELS / name)
         got = {q: run_json(host, "--model", str(MODELS / name), "--quant", q, "--ids", ids(exp["prompt"]),
                            "--generate", "2") for q in ("f32", "int8", "int4")}  # fmt: skip
-        weights, kv = _token_bytes_f32(MODELS / name)
-        assert (got["f32"]["token_weight_bytes"], got["f32"]["kv_bytes_per_position"]) == (weights, kv), name
+        weights, expanded_kv, latent_kv = _token_bytes_f32(MODELS / name)
+        assert (got["f32"]["token_weight_bytes"], got["f32"]["kv_bytes_per_position"]) == (weights, latent_kv), name
         int8, int4 = (int(str(got[q]["token_weight_bytes"])) for q in ("int8", "int4"))
         assert weights > int8 > int4 > weights / 8
-        assert all(g["kv_bytes_per_position"] == kv and g["tier"] == "cpu" for g in got.values())
+        assert all(g["kv_bytes_per_position"] == latent_kv and g["tier"] == "cpu" for g in got.values())
+        expanded = run_json(host, "--model", str(MODELS / name), "--ids", ids(exp["prompt"]), "--generate", "2",
+                            *AS_THE_BACKEND)  # fmt: skip
+        assert expanded["kv_bytes_per_position"] == expanded_kv > latent_kv, name
 
 
 def test_threads_do_not_change_results(sanitized: tuple[Path, Path]) -> None:
@@ -203,11 +214,19 @@ def test_the_latent_cache_gives_the_expanded_caches_tokens(
         assert kv_bytes[1] < kv_bytes[0]
 
 
-def test_the_latent_cache_is_refused_with_a_backend(sanitized: tuple[Path, Path]) -> None:
-    """A backend's step keeps the expanded cache, so --kv latent with --backend is a usage
-    error naming both, and --kv takes only its two forms."""
+def test_the_cache_forms_defaults_and_refusals(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """The CPU path keeps the latent cache unless told otherwise; a named backend the
+    expanded one, also where it fails to load and the CPU path runs instead. A backend's
+    step keeps the expanded cache, so --kv latent with --backend is a usage error naming
+    both, and --kv takes only its two forms."""
     host, ref = sanitized
     base = ["--model", str(TINY), "--ids", "1,2", "--generate", "2"]
+    assert run_json(host, *base)["kv_cache"] == "latent"
+    assert run_json(host, *base, "--backend", "none", "--kv", "expanded")["kv_cache"] == "expanded"
+    stepped = run_json(host, *base, "--backend", str(ref))
+    assert stepped["kv_cache"] == "expanded" and stepped["tier"] == "step"
+    missing = run_json(host, *base, "--backend", str(tmp_path / "no-such-backend.so"))
+    assert missing["kv_cache"] == "expanded" and missing["tier"] == "cpu"
     proc = run_host(host, *base, "--kv", "latent", "--backend", str(ref))
     assert proc.returncode == 2 and "--kv latent runs on the CPU path only" in proc.stderr and str(ref) in proc.stderr
     proc = run_host(host, *base, "--kv", "compressed")
@@ -250,7 +269,7 @@ def test_a_step_that_does_not_fit_the_device_says_so_and_keeps_the_matmuls(sanit
     host, ref = sanitized
     exp = expected(MODELS / "glm_tiny2")
     base = ["--model", str(MODELS / "glm_tiny2"), "--ids", ids(exp["ids"]), "--teacher-force", "--quant", "int8"]
-    cpu = run_json(host, *base)
+    cpu = run_json(host, *base, *AS_THE_BACKEND)
     dense = run_json(host, *base, "--backend", str(ref), "--offload", "matmuls")
     whole = run_json(host, *base, "--backend", str(ref))
     assert isinstance(dense["resident_bytes"], int) and isinstance(whole["resident_bytes"], int)
