@@ -24,6 +24,7 @@
 #include "loader.h"
 #include "model.h"
 #include "model_latent.h"
+#include "progress.h"
 #include "selftest.h"
 
 #ifndef COLI_VERSION
@@ -126,6 +127,17 @@ static void print_ints(FILE *f, const int32_t *v, int64_t n) {
 }
 
 /* `, "key": {"linears": s, ..., "other": s}`: where `total` seconds of forwards went. */
+typedef struct prefill_progress {
+    progress *line;
+    int64_t positions;
+} prefill_progress;
+
+static void prefill_layer_done(void *ctx, int64_t layer, int64_t layers) {
+    const prefill_progress *pp = ctx;
+    progress_show(pp->line, "coli: prefill of %lld positions: layer %lld of %lld", (long long)pp->positions,
+                  (long long)layer, (long long)layers);
+}
+
 static void print_phases(FILE *f, const char *key, const double *phase, double total) {
     double rest = total;
     fprintf(f, ", \"%s\": {", key);
@@ -304,14 +316,21 @@ int main(int argc, char **argv) {
             rc = EXIT_USAGE;
             goto out;
         }
+    progress line;
+    progress_start(&line);
+    prefill_progress pp = {&line, n};
+    m.layer_done = prefill_layer_done, m.layer_ctx = &pp;
     t_first = coli_now();
-    if (teacher ? model_forward(&m, ids, n, logits, err, sizeof err)
-                : model_forward_last(&m, ids, n, logits, err, sizeof err)) {
+    const int failed = teacher ? model_forward(&m, ids, n, logits, err, sizeof err)
+                               : model_forward_last(&m, ids, n, logits, err, sizeof err);
+    t_first = coli_now() - t_first;
+    m.layer_done = NULL;
+    if (failed) {
+        progress_clear(&line);
         fprintf(stderr, "coli: %s\n", err);
         rc = EXIT_RUNTIME;
         goto out;
     }
-    t_first = coli_now() - t_first;
     if (teacher) {
         for (int64_t s = 0; s < n; s++) argmax2(logits + s * m.c.vocab, m.c.vocab, &pred[s], &margin[s]);
     } else if (generate > 0) {
@@ -322,14 +341,20 @@ int main(int argc, char **argv) {
         memset(m.phase_seconds, 0, sizeof m.phase_seconds);
         m.round_trips = 0;
         t_rest = coli_now();
-        for (long k = 1; k < generate; k++)
+        for (long k = 1; k < generate; k++) {
             if (model_next(&m, pred[k - 1], &pred[k], err, sizeof err)) {
+                progress_clear(&line);
                 fprintf(stderr, "coli: %s\n", err);
                 rc = EXIT_RUNTIME;
                 goto out;
             }
+            const double spent = coli_now() - t_rest;
+            progress_show(&line, "coli: decode: %ld of %ld tokens, %.1f tokens/s", k + 1, generate,
+                          (double)k / (spent > 0 ? spent : 1e-9));
+        }
         t_rest = coli_now() - t_rest;
     }
+    progress_clear(&line);
     if (json) {
         fputs("{", stdout);
         if (teacher) {
@@ -369,25 +394,23 @@ int main(int argc, char **argv) {
         json_string(stdout, device_name);
         printf(", \"quant\": \"%s\", \"threads\": %d, \"positions\": %lld, \"load_seconds\": %.6f}\n", quant_name,
                pool_threads(m.pool), (long long)n, t_load);
-    } else if (teacher) {
-        printf("teacher forcing %lld positions on %s (%s, %d threads): ", (long long)n, device_name, quant_name,
-               pool_threads(m.pool));
-        print_ints(stdout, pred, n);
-        printf("\n%.1f tokens/s, %d tensors resident in %s\n", (double)n / (t_first > 0 ? t_first : 1e-9), m.resident,
-               have_backend ? b.name : "no backend");
     } else {
-        printf("generated %ld tokens on %s (%s): ", generate, device_name, quant_name);
-        print_ints(stdout, pred, generate);
-        printf("\n");
-        if (generate > 1) {
-            printf("decode %.1f tokens/s, ", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
-            if (m.step) printf("%lld ops a token in one step, ", (long long)model_step_ops(&m));
+        const char *kv = m.latent ? "latent" : "expanded";
+        if (teacher) printf("teacher forcing %lld positions on %s (%s, %s cache): ", (long long)n, device_name, quant_name, kv);
+        else printf("generated %ld tokens on %s (%s, %s cache): ", generate, device_name, quant_name, kv);
+        print_ints(stdout, pred, teacher ? n : generate);
+        if (teacher) printf("\n%.1f tokens/s", (double)n / (t_first > 0 ? t_first : 1e-9));
+        else printf("\nprefill of %lld positions in %.2f s", (long long)n, t_first);
+        if (!teacher && generate > 1) {
+            printf(", decode %.1f tokens/s", (double)(generate - 1) / (t_rest > 0 ? t_rest : 1e-9));
+            if (m.step) printf(", %lld ops a token in one step", (long long)model_step_ops(&m));
             else if (m.backend_calls)
-                printf("%.0f%% of it in %lld backend calls (%lld matmuls), ",
+                printf(", %.0f%% of it in %lld backend calls (%lld matmuls)",
                        100.0 * m.backend_seconds / (t_rest > 0 ? t_rest : 1e-9), (long long)m.backend_calls,
                        (long long)m.backend_matmuls);
         }
-        printf("%d tensors resident in %s\n", m.resident, have_backend ? b.name : "no backend");
+        if (have_backend) printf(", %d tensors resident in %s\n", m.resident, b.name);
+        else printf(", %d threads\n", pool_threads(m.pool));
     }
 out:
     free(logits);

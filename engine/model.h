@@ -91,6 +91,9 @@ typedef struct model {
     int64_t round_trips;     /* host copies to and from the step's buffers */
     uint64_t token_weight_bytes;    /* the step's: weight bytes a decoded token reads */
     uint64_t kv_bytes_per_position; /* the step's KV and indexer caches, all layers (rope key per head) */
+    /* called after each layer of a forward on the CPU path, where set: a long prefill's progress */
+    void (*layer_done)(void *ctx, int64_t layer, int64_t layers);
+    void *layer_ctx;
 } model;
 
 /* Loads DIR (config.json + safetensors). On failure `err` names the file and the

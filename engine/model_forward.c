@@ -458,6 +458,7 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
         if (c->mlp_sparse[l]) TRY(moe(m, ly, h, n, &mb, g, u, o, sh, err, errlen));
         else TRY(mlp(m, &ly->gate, &ly->up, &ly->down, h, n, g, u, o, err, errlen));
         for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
+        if (m->layer_done) m->layer_done(m->layer_ctx, l + 1, c->layers);
     }
     for (int64_t s = last ? n - 1 : 0; s < n; s++) coli_rmsnorm(x + s * H, m->final_norm, H, (float)c->rms_eps, h + s * H);
     TRY(linear_fwd(m, &m->lm_head, last ? h + (n - 1) * H : h, last ? 1 : n, logits, err, errlen));

@@ -38,6 +38,7 @@ HOST_SOURCES = (
     "engine/model_bytes.c",
     "engine/model_latent.c",
     "engine/pool.c",
+    "engine/progress.c",
     "kernels/cpu_ops.c",
     "kernels/cpu_model_ops.c",
 )
@@ -58,6 +59,7 @@ HOST_HEADERS = (
     "engine/model.h",
     "engine/model_latent.h",
     "engine/pool.h",
+    "engine/progress.h",
     "kernels/cpu_ops.h",
     "kernels/cpu_model_ops.h",
 )

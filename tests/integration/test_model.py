@@ -5,6 +5,7 @@ reader fuzzed with 10,000 mutated headers."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -297,10 +298,18 @@ def test_a_step_that_does_not_fit_the_device_says_so_and_keeps_the_matmuls(sanit
 def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     host, ref = sanitized
     exp = expected(TINY)
+    cpu = ["--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--threads", "2"]
+    proc = run_host(host, *cpu)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert f"generated 5 tokens on cpu (f32, latent cache): {exp['generated'][:5]}" in proc.stdout
+    assert re.search(rf"prefill of {len(exp['prompt'])} positions in [\d.]+ s, decode [\d.]+ tokens/s, 2 threads\n",
+                     proc.stdout), proc.stdout  # fmt: skip
+    proc = run_host(host, "--model", str(TINY), "--ids", ids(exp["ids"]), "--teacher-force", "--kv", "expanded")
+    assert f"teacher forcing {len(exp['ids'])} positions on cpu (f32, expanded cache): {exp['tf_pred']}" in proc.stdout
     args = ["--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--backend", str(ref)]
     proc = run_host(host, *args, "--offload", "matmuls")
     assert proc.returncode == 0
-    assert f"generated 5 tokens on CPU reference (f32): {exp['generated'][:5]}" in proc.stdout
+    assert f"generated 5 tokens on CPU reference (f32, expanded cache): {exp['generated'][:5]}" in proc.stdout
     # the decode's share in the backend: 4 steps after the first token, each tensor once a step
     resident = int(re.search(r"(\d+) tensors resident in ref", proc.stdout).group(1))  # type: ignore[union-attr]
     line = rf"decode [\d.]+ tokens/s, \d+% of it in \d+ backend calls \({4 * resident} matmuls\), "
@@ -309,6 +318,33 @@ def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     proc = run_host(host, *args)  # the whole step: every weight resident, no matmul calls
     assert proc.returncode == 0 and "backend calls" not in proc.stdout
     assert re.search(r"decode [\d.]+ tokens/s, \d+ ops a token in one step, 106 tensors resident in ref", proc.stdout)
+
+
+def test_progress_line(sanitized: tuple[Path, Path]) -> None:
+    """A long run's progress on stderr (shown where stderr is a terminal, or with
+    COLI_PROGRESS=1): the prefill's layers, then the decode's tokens, each line drawn over
+    the one before and the last one cleared, so the run's output is unchanged; never with
+    COLI_PROGRESS=0."""
+    host, _ = sanitized
+    exp = expected(TINY)
+    base = ["--model", str(TINY), "--ids", ids(exp["prompt"]), "--generate", "5", "--json"]
+    quiet = run_host(host, *base, env={"COLI_PROGRESS": "0"})
+    # bytes: text mode would read each carriage return as a new line
+    env = {"PATH": "/usr/bin:/bin", "ASAN_OPTIONS": "detect_leaks=1", "COLI_PROGRESS": "1"}  # every step
+    shown = subprocess.run([str(host), *base], capture_output=True, env=env, timeout=300)
+    assert quiet.returncode == 0 and shown.returncode == 0 and quiet.stderr == ""
+    stderr = shown.stderr.decode()
+    assert "\n" not in stderr  # the line only, no other message
+    assert json.loads(shown.stdout)["generated"] == json.loads(quiet.stdout)["generated"]
+    layers = json.loads((TINY / "config.json").read_text())["num_hidden_layers"]
+    lines = stderr.split("\r")
+    prefill = [f"coli: prefill of {len(exp['prompt'])} positions: layer {i} of {layers}" for i in range(1, layers + 1)]
+    assert lines[0] == "" and [line.rstrip() for line in lines[1 : layers + 1]] == prefill, lines
+    for k, line in enumerate(lines[layers + 1 : -2], start=2):
+        assert re.fullmatch(rf"coli: decode: {k} of 5 tokens, [\d.]+ tokens/s", line.rstrip()), lines
+    assert len(lines) == layers + 4 + 3  # the split's empty head, the layers, 4 decoded tokens, the blank, its tail
+    assert lines[-2].strip() == "" and lines[-1] == ""  # the last line blanked out, the cursor at its start
+    assert all(len(line) >= len(before) for before, line in itertools.pairwise(lines[1:-1]))
 
 
 # ---- bad input ------------------------------------------------------------
