@@ -1,7 +1,7 @@
 """The one-matmul benchmark (bench/cpu_matmul.c, whose figures RESULTS.md quotes for
 the CPU loops), built with gcc against kernels/cpu_ops.c and run small at each
-format: one JSON line with a positive time and rates, and bad settings refused in
-one line."""
+format: one JSON line with a positive time and rates, copies of the matrix giving its
+product, and bad settings refused in one line."""
 
 from __future__ import annotations
 
@@ -30,10 +30,15 @@ def test_the_bench_times_a_matmul(bench: Path, fmt: str) -> None:
     d = json.loads(proc.stdout)
     assert (d["rows"], d["cols"], d["tokens"], d["format"]) == (37, 64, 5, fmt)
     assert d["best_us"] > 0 and d["weight_GBps"] > 0 and d["gmacs"] > 0
+    # copies of the matrix, each its own memory, one call each: the same product
+    many = json.loads(subprocess.run([*argv, "--matrices", "3"], capture_output=True, text=True).stdout)
+    assert many["matrices"] == 3 and many["check"] == d["check"] and many["best_us"] > 0
 
 
 @pytest.mark.parametrize(
-    "args", [["--rows", "0"], ["--cols", "33", "--rows", "2", "--format", "int4"], ["--format", "int3"], ["--rows"]]
+    "args",
+    [["--rows", "0"], ["--cols", "33", "--rows", "2", "--format", "int4"], ["--format", "int3"], ["--rows"],
+     ["--rows", "2", "--cols", "4", "--format", "f32", "--matrices", "0"]],  # fmt: skip
 )
 def test_bad_settings_are_one_line_and_exit_2(bench: Path, args: list[str]) -> None:
     line = refusal_line(bench, args)
