@@ -37,8 +37,13 @@ def test_the_bench_times_a_matmul(bench: Path, fmt: str) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--rows", "0"], ["--cols", "33", "--rows", "2", "--format", "int4"], ["--format", "int3"], ["--rows"],
-     ["--rows", "2", "--cols", "4", "--format", "f32", "--matrices", "0"]],  # fmt: skip
+    [
+        ["--rows", "0"],
+        ["--cols", "33", "--rows", "2", "--format", "int4"],
+        ["--format", "int3"],
+        ["--rows"],
+        ["--rows", "2", "--cols", "4", "--format", "f32", "--matrices", "0"],
+    ],
 )
 def test_bad_settings_are_one_line_and_exit_2(bench: Path, args: list[str]) -> None:
     line = refusal_line(bench, args)
