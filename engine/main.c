@@ -284,6 +284,10 @@ int main(int argc, char **argv) {
         free(ids);
         return EXIT_USAGE;
     }
+    /* transformers runs past it too (RoPE is defined at every position), so a warning */
+    if (m.c.max_positions && max_pos > m.c.max_positions)
+        fprintf(stderr, "coli: warning: %lld positions run past the model's max_position_embeddings (%lld)\n",
+                (long long)max_pos, (long long)m.c.max_positions);
     if (latent && model_use_latent(&m, err, sizeof err)) {
         fprintf(stderr, "coli: %s\n", err);
         model_free(&m);

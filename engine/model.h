@@ -20,6 +20,7 @@ typedef struct model_config {
     int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head;
     int64_t experts, experts_per_tok, shared_experts, n_group, topk_group;
     int64_t index_topk, index_head_dim, index_heads;
+    int64_t max_positions; /* max_position_embeddings, 0 where the config has none */
     int norm_topk_prob, tie_embeddings, attention_bias;
     double rms_eps, rope_theta, routed_scaling;
     char *mlp_sparse;     /* per layer: 1 = MoE */

@@ -138,6 +138,7 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
         cfg_int(L, cfg, "index_head_dim", 1, 0, 1, &c->index_head_dim) ||
         cfg_int(L, cfg, "index_n_heads", 1, 0, 1, &c->index_heads) ||
         cfg_int(L, cfg, "first_k_dense_replace", 0, 3, 0, &first_dense) ||
+        cfg_int(L, cfg, "max_position_embeddings", 0, 0, 0, &c->max_positions) ||
         cfg_bool(L, cfg, "norm_topk_prob", 1, &c->norm_topk_prob) ||
         cfg_bool(L, cfg, "tie_word_embeddings", 0, &c->tie_embeddings) ||
         cfg_bool(L, cfg, "attention_bias", 0, &c->attention_bias) ||

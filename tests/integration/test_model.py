@@ -320,6 +320,22 @@ def test_human_summary(sanitized: tuple[Path, Path]) -> None:
     assert re.search(r"decode [\d.]+ tokens/s, \d+ ops a token in one step, 106 tensors resident in ref", proc.stdout)
 
 
+def test_a_run_past_max_position_embeddings_warns_and_goes_on(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """Positions past the config's max_position_embeddings: one warning line naming both,
+    and the tokens transformers would give (RoPE is defined at every position)."""
+    host, _ = sanitized
+    short = tmp_path / "short"
+    short.mkdir()
+    config = json.loads((TINY / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4}))
+    (short / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    args = ["--ids", "5,17,42", "--generate", "3", "--json"]
+    past, within = run_host(host, "--model", str(short), *args), run_host(host, "--model", str(TINY), *args)
+    assert past.returncode == 0 and within.returncode == 0 and within.stderr == ""
+    assert past.stderr == "coli: warning: 6 positions run past the model's max_position_embeddings (4)\n"
+    assert json.loads(past.stdout)["generated"] == json.loads(within.stdout)["generated"]
+
+
 def test_progress_line(sanitized: tuple[Path, Path]) -> None:
     """A long run's progress on stderr (shown where stderr is a terminal, or with
     COLI_PROGRESS=1): the prefill's layers, then the decode's tokens, each line drawn over
