@@ -40,6 +40,15 @@ def ids(values: list[int]) -> str:
 AS_THE_BACKEND = ("--kv", "expanded")
 
 
+def tiny_with(folder: Path, **config: object) -> Path:
+    """glm_tiny's weights under `folder` (linked), its config with these keys set."""
+    folder.mkdir()
+    base = json.loads((TINY / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**base, **config}))
+    (folder / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    return folder
+
+
 def run_json(host: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     proc = run_host(host, *args, "--json", env=env)
     assert proc.returncode == 0, proc.stderr
@@ -187,11 +196,7 @@ def test_the_latent_cache_gives_the_expanded_caches_tokens(
     import random
 
     host, _ = sanitized
-    sparse = tmp_path / "sparse"
-    sparse.mkdir()
-    config = json.loads((TINY / "config.json").read_text())
-    (sparse / "config.json").write_text(json.dumps({**config, "index_topk": 80}))
-    (sparse / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    sparse = tiny_with(tmp_path / "sparse", index_topk=80)
     rng = random.Random(5)
     long_prompt = [rng.randrange(2, 200) for _ in range(200)]
     cases = [(MODELS / n, expected(MODELS / n)["ids"], expected(MODELS / n)["prompt"])
@@ -324,11 +329,7 @@ def test_a_run_past_max_position_embeddings_warns_and_goes_on(sanitized: tuple[P
     """Positions past the config's max_position_embeddings: one warning line naming both,
     and the tokens transformers would give (RoPE is defined at every position)."""
     host, _ = sanitized
-    short = tmp_path / "short"
-    short.mkdir()
-    config = json.loads((TINY / "config.json").read_text())
-    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4}))
-    (short / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    short = tiny_with(tmp_path / "short", max_position_embeddings=4)
     args = ["--ids", "5,17,42", "--generate", "3", "--json"]
     past, within = run_host(host, "--model", str(short), *args), run_host(host, "--model", str(TINY), *args)
     assert past.returncode == 0 and within.returncode == 0 and within.stderr == ""
