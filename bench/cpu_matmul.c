@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     float *y = malloc((size_t)(tokens * rows) * sizeof *y), *scale = malloc((K * sn + 1) * sizeof *scale);
     uint8_t *q = qn ? malloc(K * qn) : NULL;
     if (!w || !x || !y || !scale || (qn && !q))
-        return fprintf(stderr, "cpu_matmul: out of memory for %ld copies of a %ldx%ld matrix\n", matrices, rows, cols), 1;
+        return fprintf(stderr, "cpu_matmul: no memory for %ld copies of a %ldx%ld matrix\n", matrices, rows, cols), 1;
     srand(1);
     for (size_t i = 0; i < n; i++) w[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     for (long i = 0; i < tokens * cols; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;

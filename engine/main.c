@@ -126,7 +126,6 @@ static void print_ints(FILE *f, const int32_t *v, int64_t n) {
     fputc(']', f);
 }
 
-/* `, "key": {"linears": s, ..., "other": s}`: where `total` seconds of forwards went. */
 typedef struct prefill_progress {
     progress *line;
     int64_t positions;
@@ -138,6 +137,7 @@ static void prefill_layer_done(void *ctx, int64_t layer, int64_t layers) {
                   (long long)layer, (long long)layers);
 }
 
+/* `, "key": {"linears": s, ..., "other": s}`: where `total` seconds of forwards went. */
 static void print_phases(FILE *f, const char *key, const double *phase, double total) {
     double rest = total;
     fprintf(f, ", \"%s\": {", key);
@@ -400,7 +400,8 @@ int main(int argc, char **argv) {
                pool_threads(m.pool), (long long)n, t_load);
     } else {
         const char *kv = m.latent ? "latent" : "expanded";
-        if (teacher) printf("teacher forcing %lld positions on %s (%s, %s cache): ", (long long)n, device_name, quant_name, kv);
+        if (teacher)
+            printf("teacher forcing %lld positions on %s (%s, %s cache): ", (long long)n, device_name, quant_name, kv);
         else printf("generated %ld tokens on %s (%s, %s cache): ", generate, device_name, quant_name, kv);
         print_ints(stdout, pred, teacher ? n : generate);
         if (teacher) printf("\n%.1f tokens/s", (double)n / (t_first > 0 ? t_first : 1e-9));
