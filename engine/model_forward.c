@@ -376,7 +376,8 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
     float *q = malloc((size_t)(n * NH * qk) * sizeof(float));
     float *ckv = malloc((size_t)(n * (c->kv_lora + c->qk_rope)) * sizeof(float));
     float *kvn = malloc((size_t)(n * c->kv_lora) * sizeof(float));
-    float *kv = malloc((size_t)(n * NH * (c->qk_nope + V)) * sizeof(float));
+    /* the expanded form's keys and values; the latent form's absorbed queries */
+    float *kv = malloc((size_t)(n * NH * (m->latent ? c->kv_lora + c->qk_rope : c->qk_nope + V)) * sizeof(float));
     float *att = malloc((size_t)(n * NH * V) * sizeof(float)), *o = malloc((size_t)(n * H) * sizeof(float));
     float *iq = malloc((size_t)(n * IH * ID) * sizeof(float)), *ik = malloc((size_t)(n * ID) * sizeof(float));
     float *iw = malloc((size_t)(n * IH) * sizeof(float));
@@ -444,7 +445,7 @@ static int forward(model *m, const int32_t *ids, int64_t n, float *logits, int l
         m->phase_seconds[PHASE_INDEXER] += coli_now() - t_phase;
         t_phase = coli_now();
         attn_job aj = {m, ly, q, sel, n, t0, total, scaling, att, 0};
-        if (m->latent) TRY(model_latent_attention(m, ly, q, sel, n, t0, total, scaling, att, err, errlen));
+        if (m->latent) TRY(model_latent_attention(m, ly, q, sel, n, t0, total, scaling, kv, att, err, errlen));
         else if (n * NH * total * (qk + V) < PARALLEL_MIN_MACS) attn_items(&aj, 0, n * NH);
         else pool_run(m->pool, attn_items, &aj, n * NH);
         if (aj.failed) {

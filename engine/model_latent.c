@@ -62,6 +62,46 @@ static void absorb(const model *m, const layer *ly, const float *q, float *qa, i
     }
 }
 
+/* A prefill's heads [b, e): every query's absorbed query, the head's kv_b key rows made
+ * floats once for all of them (coli_weighted_sum_f32 over those rows gives each query
+ * absorb's bits, four queries a pass over the rows) instead of unpacked again for each. */
+typedef struct absorb_job {
+    const model *m;
+    const layer *ly;
+    const float *q; /* [n, heads, qk] */
+    int64_t n;
+    float *qa;      /* [n, heads, kv_lora + qk_rope] */
+    int failed;
+} absorb_job;
+
+static void absorb_heads(void *ctx, int64_t b, int64_t e) {
+    absorb_job *j = ctx;
+    const model_config *c = &j->m->c;
+    const linear *l = &j->ly->kv_b;
+    const int64_t H = c->heads, R = c->kv_lora, W = R + c->qk_rope, NO = c->qk_nope, qk = NO + c->qk_rope, n = j->n;
+    float *rows = l->format == COLI_FMT_F32 ? NULL : malloc((size_t)(NO * R) * sizeof(float));
+    float *w = malloc((size_t)(n * NO) * sizeof(float)), *out = malloc((size_t)(n * R) * sizeof(float));
+    if (!w || !out || (l->format != COLI_FMT_F32 && !rows)) {
+        j->failed = 1;
+    } else {
+        for (int64_t h = b; h < e; h++) {
+            const int64_t r0 = h * (NO + c->v_head);
+            const float *keys = rows;
+            if (l->format == COLI_FMT_F32) keys = l->w + r0 * R;
+            else if (l->format == COLI_FMT_Q8) coli_rows_f32_q8(l->q8 + r0 * R, l->scale + r0, NO, R, rows);
+            else coli_rows_f32_q4(l->q4 + r0 * R / 2, l->scale + r0 * (R / l->group), l->group, NO, R, rows);
+            for (int64_t s = 0; s < n; s++) memcpy(w + s * NO, j->q + (s * H + h) * qk, (size_t)NO * sizeof(float));
+            coli_weighted_sum_f32(w, n, NO, keys, R, R, out);
+            for (int64_t s = 0; s < n; s++) {
+                float *a = j->qa + (s * H + h) * W;
+                memcpy(a, out + s * R, (size_t)R * sizeof(float));
+                memcpy(a + R, j->q + (s * H + h) * qk + NO, (size_t)c->qk_rope * sizeof(float));
+            }
+        }
+    }
+    free(rows), free(w), free(out);
+}
+
 /* The keys query s sees, ascending. */
 static int64_t keys_of(const unsigned char *sel, int64_t valid, int64_t *keys) {
     int64_t count = 0;
@@ -78,8 +118,8 @@ typedef struct latent_job {
     int64_t n, t0, total;
     float scaling;
     float *ctx;               /* [heads, n, kv_lora] */
-    /* a decode's one query: its absorbed query, keys and blocks' parts */
-    float *qa;
+    float *qa; /* every query's absorbed query, [n, heads, kv_lora + qk_rope] */
+    /* a decode's one query: its keys and blocks' parts */
     const int64_t *keys;
     int64_t count;
     float *parts;
@@ -132,23 +172,23 @@ static void latent_queries(void *ctx, int64_t b, int64_t e) {
     const model_config *c = &j->m->c;
     const int64_t H = c->heads, R = c->kv_lora, W = R + c->qk_rope;
     const int64_t most_blocks = (j->total + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
-    float *scratch = scratch_of(c), *qa = malloc((size_t)(H * W) * sizeof(float));
+    float *scratch = scratch_of(c);
     float *parts = malloc((size_t)(most_blocks * H * (R + 2)) * sizeof(float));
     float *out = malloc((size_t)(H * R) * sizeof(float));
     int64_t *keys = malloc((size_t)j->total * sizeof *keys);
-    if (!scratch || !qa || !parts || !out || !keys) {
+    if (!scratch || !parts || !out || !keys) {
         j->failed = 1;
     } else {
         for (int64_t slot = b; slot < e; slot++) {
             const int64_t s = pool_balanced(slot, j->n);
-            absorb(j->m, j->ly, j->q + s * H * (c->qk_nope + c->qk_rope), qa, 0, H);
             const int64_t count = keys_of(j->sel + s * j->total, j->t0 + s + 1, keys);
-            coli_attend_latent(qa, H, j->ly->lat_cache, W, R, keys, count, j->scaling, scratch, parts, out);
+            coli_attend_latent(j->qa + s * H * W, H, j->ly->lat_cache, W, R, keys, count, j->scaling, scratch, parts,
+                               out);
             for (int64_t h = 0; h < H; h++)
                 memcpy(j->ctx + (h * j->n + s) * R, out + h * R, (size_t)R * sizeof(float));
         }
     }
-    free(scratch), free(qa), free(parts), free(out), free(keys);
+    free(scratch), free(parts), free(out), free(keys);
 }
 
 /* A head's context through its kv_b value rows, every query of the head at once. */
@@ -176,21 +216,20 @@ static void value_heads(void *ctx, int64_t b, int64_t e) {
 }
 
 int model_latent_attention(model *m, const layer *ly, const float *q, const unsigned char *sel, int64_t n,
-                           int64_t t0, int64_t total, float scaling, float *att, char *err, size_t errlen) {
+                           int64_t t0, int64_t total, float scaling, float *qa, float *att, char *err, size_t errlen) {
     const model_config *c = &m->c;
-    const int64_t H = c->heads, R = c->kv_lora, W = R + c->qk_rope, V = c->v_head;
+    const int64_t H = c->heads, R = c->kv_lora, V = c->v_head;
     float *ctx = malloc((size_t)(H * n * R) * sizeof(float)), *y = malloc((size_t)(H * n * V) * sizeof(float));
-    float *qa = NULL, *parts = NULL;
+    float *parts = NULL;
     int64_t *keys = NULL;
     latent_job j = {m, ly, q, sel, n, t0, total, scaling, ctx, NULL, NULL, 0, NULL, 0};
     int rc = 1;
     if (!ctx || !y) goto done;
     if (n == 1) { /* one query: its key blocks split between the threads */
         const int64_t blocks = (total + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
-        qa = malloc((size_t)(H * W) * sizeof(float));
         parts = malloc((size_t)(blocks * H * (R + 2)) * sizeof(float));
         keys = malloc((size_t)total * sizeof *keys);
-        if (!qa || !parts || !keys) goto done;
+        if (!parts || !keys) goto done;
         j.qa = qa, j.keys = keys, j.parts = parts, j.count = keys_of(sel, t0 + 1, keys);
         const int64_t used = (j.count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
         pool_run(m->pool, latent_absorb, &j, H);
@@ -199,6 +238,10 @@ int model_latent_attention(model *m, const layer *ly, const float *q, const unsi
         if (!j.failed && used > 1) pool_run(m->pool, latent_combine, &j, H);
         else if (!j.failed) latent_combine(&j, 0, H);
     } else {
+        absorb_job aj = {m, ly, q, n, qa, 0};
+        pool_run(m->pool, absorb_heads, &aj, H);
+        if (aj.failed) goto done;
+        j.qa = qa;
         pool_run(m->pool, latent_queries, &j, n);
     }
     if (j.failed) goto done;
@@ -215,6 +258,6 @@ int model_latent_attention(model *m, const layer *ly, const float *q, const unsi
     rc = 0;
 done:
     if (rc) snprintf(err, errlen, "out of memory in attention");
-    free(ctx), free(y), free(qa), free(parts), free(keys);
+    free(ctx), free(y), free(parts), free(keys);
     return rc;
 }

@@ -16,8 +16,10 @@ int model_use_latent(model *m, char *err, size_t errlen);
 void model_latent_write(const model *m, layer *ly, const float *kvn, const float *ckv, int64_t n, int64_t t0);
 
 /* Attention for queries q ([n, heads, qk]) over the selected keys (sel: [n, total])
- * into att ([n, heads, v_head]), as the expanded form's up to rounding. */
+ * into att ([n, heads, v_head]), as the expanded form's up to rounding. qa: room for the
+ * absorbed queries, [n, heads, kv_lora + qk_rope] (the forward's: a prefill's are
+ * megabytes, fresh ones a layer cost a page fault every 4 KiB). */
 int model_latent_attention(model *m, const layer *ly, const float *q, const unsigned char *sel, int64_t n,
-                           int64_t t0, int64_t total, float scaling, float *att, char *err, size_t errlen);
+                           int64_t t0, int64_t total, float scaling, float *qa, float *att, char *err, size_t errlen);
 
 #endif

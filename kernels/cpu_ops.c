@@ -1382,6 +1382,53 @@ void coli_weighted_rows_q4(const float *w, int64_t rows, const uint8_t *packed, 
     }
 }
 
+void coli_rows_f32_q8(const int8_t *q, const float *scale, int64_t rows, int64_t n, float *out) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t d = 0; d < n; d++) out[i * n + d] = (float)q[i * n + d] * scale[i];
+}
+
+#ifdef HAVE_AVX2_PATH
+/* 32 values a step: the 16 bytes' low and high nibbles interleaved back to element order. */
+__attribute__((target("avx2"))) static void rows_f32_q4_avx2(const uint8_t *packed, const float *scale, int32_t group,
+                                                             int64_t rows, int64_t n, float *out) {
+    const int64_t groups = n / group;
+    const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t g = 0; g < groups; g++) {
+            const __m256 sc = _mm256_set1_ps(scale[i * groups + g]);
+            for (int64_t e = i * n + g * group; e < i * n + (g + 1) * group; e += 32) {
+                const __m128i b = _mm_loadu_si128((const __m128i *)(packed + e / 2));
+                const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+                const __m128i v[2] = {_mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight),
+                                      _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight)};
+                for (int k = 0; k < 2; k++) {
+                    const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v[k]));
+                    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v[k], 8)));
+                    _mm256_storeu_ps(out + e + 16 * k, _mm256_mul_ps(a, sc));
+                    _mm256_storeu_ps(out + e + 16 * k + 8, _mm256_mul_ps(c, sc));
+                }
+            }
+        }
+}
+#endif
+
+void coli_rows_f32_q4(const uint8_t *packed, const float *scale, int32_t group, int64_t rows, int64_t n, float *out) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2() && group % 32 == 0) {
+        rows_f32_q4_avx2(packed, scale, group, rows, n, out);
+        return;
+    }
+#endif
+    const int64_t groups = n / group;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float sc = scale[i * groups + g];
+            const int64_t e0 = i * n + g * group;
+            for (int64_t e = e0; e < e0 + group; e++)
+                out[e] = (float)((int)((packed[e >> 1] >> ((e & 1) * 4)) & 0x0F) - 8) * sc;
+        }
+}
+
 float coli_scale_max_f32(float *x, int64_t n, float scale) {
 #ifdef HAVE_AVX2_PATH
     if (use_avx2()) return scale_max_f32_avx2(x, n, scale);

@@ -59,6 +59,11 @@ void coli_weighted_sum_f32(const float *w, int64_t heads, int64_t rows, const fl
 void coli_weighted_rows_q8(const float *w, int64_t rows, const int8_t *q, const float *scale, int64_t n, float *c);
 void coli_weighted_rows_q4(const float *w, int64_t rows, const uint8_t *packed, const float *scale, int32_t group,
                            int64_t n, float *c);
+/* The rows made floats, W[i, d] as above (rows x n, n even for int4): where many weight
+ * vectors go through the same rows, coli_weighted_sum_f32 over these gives each the
+ * bits of the weighted rows. */
+void coli_rows_f32_q8(const int8_t *q, const float *scale, int64_t rows, int64_t n, float *out);
+void coli_rows_f32_q4(const uint8_t *packed, const float *scale, int32_t group, int64_t rows, int64_t n, float *out);
 /* x[i] *= scale, and the largest of them (NaNs skipped; -inf for none). */
 float coli_scale_max_f32(float *x, int64_t n, float scale);
 /* x[i] = exp(x[i] - sub): Cephes' expf (a degree-7 polynomial after taking out k ln 2,

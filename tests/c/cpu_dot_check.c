@@ -195,17 +195,30 @@ int main(void) {
                 }
                 checked++;
             }
+        /* a head alone: the bits it has among the others (a prefill's absorption takes every
+         * query as a head, a decode's one query alone) */
+        float *one = malloc((size_t)n * sizeof(float));
+        for (int64_t h = 0; h < heads; h++) {
+            coli_weighted_sum_f32(w + h * rows, 1, rows, v, stride, n, one);
+            if (memcmp(one, c + h * n, (size_t)n * sizeof(float))) {
+                printf("MISMATCH weighted sum head %lld alone, of %lld\n", (long long)h, (long long)heads);
+                return 1;
+            }
+        }
+        free(one);
         mix(c, heads * n);
         free(w), free(v), free(c);
     }
-    /* the weighted sum over int8 and int4 rows: the f32 weighted sum's bits over the
-     * rows made floats; int4 groups of 2 to 32, some not a multiple of 8 */
+    /* the rows made floats (int8, int4) as the formats define them, and the weighted sum
+     * over int8 and int4 rows: the f32 weighted sum's bits over those floats; int4 groups
+     * of 2 to 32, some not a multiple of 8 */
     for (int it = 0; it < 300; it++) {
         static const int32_t QG[] = {2, 4, 6, 8, 16, 24, 32};
         const int32_t group = QG[rand() % 7];
         const int64_t rows = 1 + rand() % 70, n = group * (1 + rand() % 6) * (group % 2 ? 2 : 1);
         float *w = malloc((size_t)rows * sizeof(float)), *x = malloc((size_t)(rows * n) * sizeof(float));
         float *deq = malloc((size_t)(rows * n) * sizeof(float)), *want = malloc((size_t)n * sizeof(float));
+        float *made = malloc((size_t)(rows * n) * sizeof(float));
         float *got = malloc((size_t)n * sizeof(float)), *sc = malloc((size_t)(rows * n) * sizeof(float));
         int8_t *q8 = malloc((size_t)(rows * n));
         uint8_t *q4 = malloc((size_t)(rows * n / 2));
@@ -213,6 +226,11 @@ int main(void) {
         for (int64_t i = 0; i < rows * n; i++) x[i] = rnd() * (i % 7 == 0 ? 40.0f : 1.0f);
         coli_quantize_q8(x, rows, n, q8, sc);
         for (int64_t i = 0; i < rows * n; i++) deq[i] = (float)q8[i] * sc[i / n];
+        coli_rows_f32_q8(q8, sc, rows, n, made);
+        if (memcmp(deq, made, (size_t)(rows * n) * sizeof(float))) {
+            printf("MISMATCH int8 rows made floats: rows %lld n %lld\n", (long long)rows, (long long)n);
+            return 1;
+        }
         coli_weighted_sum_f32(w, 1, rows, deq, n, n, want);
         coli_weighted_rows_q8(w, rows, q8, sc, n, got);
         if (memcmp(want, got, (size_t)n * sizeof(float))) {
@@ -224,6 +242,11 @@ int main(void) {
         for (int64_t i = 0; i < rows * n; i++)
             deq[i] = (float)((int)((q4[i / 2] >> (i % 2 * 4)) & 0x0F) - 8) *
                      sc[(i / n) * (n / group) + (i % n) / group];
+        coli_rows_f32_q4(q4, sc, group, rows, n, made);
+        if (memcmp(deq, made, (size_t)(rows * n) * sizeof(float))) {
+            printf("MISMATCH int4 rows made floats: rows %lld n %lld group %d\n", (long long)rows, (long long)n, group);
+            return 1;
+        }
         coli_weighted_sum_f32(w, 1, rows, deq, n, n, want);
         coli_weighted_rows_q4(w, rows, q4, sc, group, n, got);
         if (memcmp(want, got, (size_t)n * sizeof(float))) {
@@ -232,7 +255,7 @@ int main(void) {
         }
         mix(got, n);
         checked += 2 * (int)n;
-        free(w), free(x), free(deq), free(want), free(got), free(sc), free(q8), free(q4);
+        free(w), free(x), free(deq), free(made), free(want), free(got), free(sc), free(q8), free(q4);
     }
     /* exp: within 3 ulp of libm's double exp over [-90, 1], 0 below -87.34, odd lengths */
     for (int it = 0; it < 200; it++) {

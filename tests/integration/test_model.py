@@ -592,8 +592,9 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     map), AVX-512 VNNI (int4's byte products), AVX2 and the portable loops. int4 against
     x as integers also at x * 2^-110, with an inf or NaN and with zeros. Attention over
     several heads in one walk of the keys gives one head at a time's bits, the
-    indexer's scores those of one dot at a time, and the quantisers round halves away
-    from zero as lroundf does."""
+    indexer's scores those of one dot at a time, a weighted sum's head alone the bits it
+    has among others, the int8 and int4 rows made floats as their formats define them,
+    and the quantisers round halves away from zero as lroundf does."""
     exe = tmp_path / "cpu_dot_check"
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}"]
     sources = [str(ROOT / s) for s in ("tests/c/cpu_dot_check.c", "kernels/cpu_ops.c", "kernels/cpu_model_ops.c")]
