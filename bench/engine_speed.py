@@ -59,7 +59,8 @@ def bench_engine(
         tf: list[dict[int, list[float]]] = [{p: [] for p in positions} for _ in builds]
         gen: list[list[float]] = [[] for _ in builds]
         rss: list[list[int]] = [[] for _ in builds]
-        per_token = 0.0
+        per_token = [0.0 for _ in builds]  # each build's own: its cache form sets the cache's bytes
+        kv = ["expanded" for _ in builds]  # a build from before --kv had only this form
         for _ in range(repeat):
             for p in positions:
                 joined = ",".join(map(str, ids[:p]))
@@ -71,16 +72,18 @@ def bench_engine(
                 d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
                 gen[b].append(d["decode_tokens_per_second"])
                 rss[b].append(kb)
-                per_token = d["token_weight_bytes"] + d["kv_bytes_per_position"] * (PROMPT + DECODE / 2)
-        limit = bandwidth / per_token
+                per_token[b] = d["token_weight_bytes"] + d["kv_bytes_per_position"] * (PROMPT + DECODE / 2)
+                kv[b] = d.get("kv_cache", kv[b])
         for b in range(len(builds)):
+            limit = bandwidth / per_token[b]
             outs[b][quant] = {
                 "teacher_forcing_tokens_per_second": {str(p): statistics.median(v) for p, v in tf[b].items()},
                 "decode_tokens_per_second": statistics.median(gen[b]),
-                "token_read_bytes": per_token,
+                "token_read_bytes": per_token[b],
                 "decode_limit_tokens_per_second": limit,
                 "decode_share_of_limit": statistics.median(gen[b]) / limit,
                 "peak_rss_bytes": max(rss[b]) * 1024,
+                "kv_cache": kv[b],
             }
     return outs
 
