@@ -1362,6 +1362,9 @@ void coli_weighted_rows_q8(const float *w, int64_t rows, const int8_t *q, const 
     }
 }
 
+/* Element e of int4 values packed two a byte, the low nibble first: its value less the bias of 8. */
+static inline int q4_at(const uint8_t *packed, int64_t e) { return (int)((packed[e / 2] >> (e % 2 * 4)) & 0x0F) - 8; }
+
 void coli_weighted_rows_q4(const float *w, int64_t rows, const uint8_t *packed, const float *scale, int32_t group,
                            int64_t n, float *c) {
 #ifdef HAVE_AVX2_PATH
@@ -1374,9 +1377,7 @@ void coli_weighted_rows_q4(const float *w, int64_t rows, const uint8_t *packed, 
     for (int64_t d = 0; d < n; d++) {
         float acc = 0.0f;
         for (int64_t i = 0; i < rows; i++) {
-            const int64_t e = i * n + d;
-            const int v = (int)((packed[e / 2] >> (e % 2 * 4)) & 0x0F) - 8;
-            acc += w[i] * ((float)v * scale[i * groups + d / group]);
+            acc += w[i] * ((float)q4_at(packed, i * n + d) * scale[i * groups + d / group]);
         }
         c[d] = acc;
     }
@@ -1424,8 +1425,7 @@ void coli_rows_f32_q4(const uint8_t *packed, const float *scale, int32_t group, 
         for (int64_t g = 0; g < groups; g++) {
             const float sc = scale[i * groups + g];
             const int64_t e0 = i * n + g * group;
-            for (int64_t e = e0; e < e0 + group; e++)
-                out[e] = (float)((int)((packed[e >> 1] >> ((e & 1) * 4)) & 0x0F) - 8) * sc;
+            for (int64_t e = e0; e < e0 + group; e++) out[e] = (float)q4_at(packed, e) * sc;
         }
 }
 
