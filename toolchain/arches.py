@@ -151,7 +151,7 @@ class ArchTable:
         for arch in arches:
             base, _, rest = arch.partition(":")
             if base not in self.known:
-                close = difflib.get_close_matches(base, self.known, n=2, cutoff=0.6)
+                close = difflib.get_close_matches(base, (*self.known, *self.hip, *self.cuda), n=2, cutoff=0.6)
                 bad.append(f"'{arch}'" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
             elif rest:
                 problem = self._feature_problem(arch, base, rest.split(":"))
@@ -160,7 +160,7 @@ class ArchTable:
         if bad:
             return (
                 f"unknown arch {', '.join(bad)}; allowed: cpu, gfx* of {', '.join(self.hip)}, "
-                f"sm_* of {', '.join(self.cuda)} (toolchain/data/arches.toml lists them)"
+                f"sm_* of {', '.join(self.cuda)}, or a family's name (toolchain/data/arches.toml lists them)"
             )
         return "; ".join(features) or None
 

@@ -89,6 +89,31 @@ def test_bad_arch_variables(arch: str, expected: str) -> None:
 @pytest.mark.parametrize(
     ("arch", "expected"),
     [
+        ("rdna2", ("gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")),
+        ("cpu,hopper,gfx90a", ("cpu", "sm_90", "sm_90a", "gfx90a")),
+    ],
+)
+def test_an_arch_family_stands_for_its_members(arch: str, expected: tuple[str, ...]) -> None:
+    """arch= takes a family's name as release groups do (toolchain/data/arches.toml)."""
+    assert load_config(DEFAULT, {}, {"arch": arch}).config.build.arch == expected
+
+
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
+        ("rdna9", "unknown arch 'rdna9' (did you mean rdna"),
+        ("rdna2,gfx1031", "arch listed twice in ['gfx1030', 'gfx1031',"),
+    ],
+)
+def test_a_wrong_family_is_named(arch: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(DEFAULT, {}, {"arch": arch})
+    assert expected in exc.value.one_line() and "var arch=" in exc.value.one_line()
+
+
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
         (
             "",
             "var arch=: build.arch: empty; leave arch= out for the default, or list the values "

@@ -33,7 +33,10 @@ class _Section(BaseModel):
 
 
 def _check_arches(values: tuple[str, ...]) -> tuple[str, ...]:
-    problem = arch_table().unknown(values)
+    """The arches, each family's name (toolchain/data/arches.toml) given as its members."""
+    table = arch_table()
+    values = tuple(a for v in values for a in (table.members(v) or (v,)))
+    problem = table.unknown(values)
     if problem:
         raise ValueError(problem)
     if len(set(values)) != len(values):
@@ -46,8 +49,9 @@ class BuildSection(_Section):
     arch: tuple[str, ...] = Field(
         (),
         description="Architectures to build: cpu, gfx* (HIP; AMD target ids such as gfx90a:xnack- too), sm_* "
-        "(CUDA; sm_90a and sm_100f arch- and family-specific targets too). Unset: cpu plus each API's "
-        "default_arches that the installed SDK supports; arch= given empty is an error.",
+        "(CUDA; sm_90a and sm_100f arch- and family-specific targets too), or a family of them by name "
+        "(rdna2, hopper: toolchain/data/arches.toml). Unset: cpu plus each API's default_arches that the "
+        "installed SDK supports; arch= given empty is an error.",
     )
     profile: str = Field("release", description="Name of a [profiles.*] table.")
     build_dir: str = Field("build", description="Where intermediate and final artifacts go, relative to the project.")
