@@ -3,7 +3,7 @@
 # every side of a comparison sees the same machine: the working tree as
 # bench/gpu_build.sh builds it (validate included), labelled "tree", and each commit
 # bench/gpu_ab_pack.sh put in .ab/ (AB_DIR; carried), built from its tarball by its own task
-# graph (host and backend; VALIDATE=1: its whole build, validate included). Then the
+# graph (host and backend; VALIDATE=1: its whole build, validate included), side by side. Then the
 # large synthetic model's decode: 128 tokens after the 12-token prompt at each of
 # QUANTS ("int8 int4"), REPEAT times (3), and 64 tokens after a 4,000-token prompt at
 # each of LONG ("int8"), LONG_REPEAT times (2). Lines in ${OUT:-bench/out}/ab.jsonl
@@ -14,14 +14,20 @@ cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
 source bench/gpu_large.sh
 labels=(tree) hosts=("$HOST") libs=("$LIB")
+# the packed commits build side by side (each build is mostly one nvcc on one core)
+revs=() pids=()
 for tarball in "${AB_DIR:-.ab}"/*.tar; do
   [[ -e $tarball ]] || continue
   rev=$(basename "$tarball" .tar) dir=$work/ab-$rev
   mkdir -p "$dir" && tar -xf "$tarball" -C "$dir"
   targets=(host backend)
   [[ -n ${VALIDATE:-} ]] && targets=(build)
-  (cd "$dir" && python3 -m doit -n "$(nproc)" "${targets[@]}" "arch=$arch") > "$out/build-$rev.txt" 2>&1 ||
-    { tail -20 "$out/build-$rev.txt"; exit 1; }
+  (cd "$dir" && python3 -m doit -n "$(nproc)" "${targets[@]}" "arch=$arch") > "$out/build-$rev.txt" 2>&1 &
+  revs+=("$rev") pids+=("$!")
+done
+for i in "${!revs[@]}"; do
+  rev=${revs[$i]} dir=$work/ab-${revs[$i]}
+  wait "${pids[$i]}" || { tail -20 "$out/build-$rev.txt"; exit 1; }
   grep -E "^validate" "$out/build-$rev.txt"
   labels+=("$rev") hosts+=("$dir/build/linux-x86_64/host/coli") libs+=("$dir/build/linux-x86_64/cuda-$arch/libcoli_cuda.so")
 done
