@@ -26,7 +26,7 @@ for tarball in "${AB_DIR:-.ab}"/*.tar; do
   revs+=("$rev") pids+=("$!")
 done
 for i in "${!revs[@]}"; do
-  rev=${revs[$i]} dir=$work/ab-${revs[$i]}
+  rev=${revs[$i]} dir=$work/ab-$rev
   wait "${pids[$i]}" || { tail -20 "$out/build-$rev.txt"; exit 1; }
   grep -E "^validate" "$out/build-$rev.txt"
   labels+=("$rev") hosts+=("$dir/build/linux-x86_64/host/coli") libs+=("$dir/build/linux-x86_64/cuda-$arch/libcoli_cuda.so")
