@@ -1,9 +1,8 @@
 /* The CPU matmuls (kernels/cpu_ops.c) on random inputs of odd sizes: tails, one row,
  * one column, groups of 2 to 128, 1 to 9 rows, 1 to 9 tokens and now and then 65 to
  * 73 (past a pass's 64); int4 against x as integers with x scaled by 2^-110, an inf
- * or NaN, zeros, and on x's digits made once for the calls on a split of the rows;
- * attention over several heads at once, the rope key kept once (coli_attend_heads),
- * against one head at a time over joined keys (coli_attend_one),
+ * or NaN, zeros; attention over several heads at once, the rope key kept once
+ * (coli_attend_heads), against one head at a time over joined keys (coli_attend_one),
  * and the indexer's scores against one dot at a time, bit for bit; the weighted sums
  * (over f32, int8 and int4 rows) and exp of latent attention. Prints the loops
  * that ran and a hash of every output's bits, so that two runs (the vector loops, and
@@ -86,17 +85,6 @@ int main(void) {
         for (int64_t i = 0; i < s * cols; i++) x[i] = rnd() * 3.0f;
         coli_quantize_q4(w, rows, cols, group, p, sc);
         coli_matmul_q4(p, sc, rows, cols, group, x, s, y);
-        /* x's digits made once and shared by the calls on any split of the rows (the
-         * engine's pool jobs): the same bits; the vector loops make them */
-        coli_q4_x *xd = coli_q4_x_make(x, s, cols, group);
-        const int64_t cut = rand() % (rows + 1); /* drawn at every level: the same shapes after */
-        if (!xd != !strcmp(coli_cpu_loops(), "portable")) return printf("int4 digits made only by vector loops\n"), 1;
-        if (xd) {
-            coli_matmul_q4_rows_x(p, sc, rows, xd, y2, cut, rows);
-            coli_matmul_q4_rows_x(p, sc, rows, xd, y2, 0, cut);
-            coli_q4_x_free(xd);
-            if (memcmp(y, y2, sizeof(float) * (size_t)(s * rows))) return printf("MISMATCH int4 on shared digits\n"), 1;
-        }
         for (int64_t i = 0; i < s * cols; i++) x[i] = ldexpf(x[i], -110);
         coli_matmul_q4(p, sc, rows, cols, group, x, s, y2);
         for (int64_t i = 0; i < s * rows; i++)

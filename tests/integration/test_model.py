@@ -590,8 +590,7 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     a double-precision sum, and the vector loops' bits equal to the portable loops'. On
     this machine's every SIMD level: AVX-512 VNNI with GFNI (int4's nibbles by an affine
     map), AVX-512 VNNI (int4's byte products), AVX2 and the portable loops. int4 against
-    x as integers also at x * 2^-110, with an inf or NaN, with zeros, and on x's digits
-    made once for the calls on a split of the rows (the vector loops only). Attention over
+    x as integers also at x * 2^-110, with an inf or NaN and with zeros. Attention over
     several heads in one walk of the keys gives one head at a time's bits, the
     indexer's scores those of one dot at a time, a weighted sum's head alone the bits it
     has among others, the int8 and int4 rows made floats as their formats define them,
