@@ -12,40 +12,49 @@
 
 /* ---- matmuls ------------------------------------------------------------ */
 
+typedef struct mm_job {
+    const linear *l;
+    const float *w; /* plain f32 matrix when l is NULL */
+    int64_t rows, cols;
+    const float *x;
+    int64_t s;
+    float *y;
+} mm_job;
+
+static void mm_rows(void *ctx, int64_t b, int64_t e) {
+    const mm_job *j = ctx;
+    const linear *l = j->l;
+    if (!l) coli_matmul_f32_rows(j->w, j->rows, j->cols, j->x, j->s, j->y, b, e);
+    else if (l->format == COLI_FMT_F32) coli_matmul_f32_rows(l->w, l->rows, l->cols, j->x, j->s, j->y, b, e);
+    else if (l->format == COLI_FMT_Q8) coli_matmul_q8_rows(l->q8, l->scale, l->rows, l->cols, j->x, j->s, j->y, b, e);
+    else coli_matmul_q4_rows(l->q4, l->scale, l->rows, l->cols, l->group, j->x, j->s, j->y, b, e);
+}
+
 /* Below this many multiply-adds a matmul runs on the calling thread: handing
  * it to the pool costs more than it saves. */
 #define PARALLEL_MIN_MACS (1 << 16)
 
-/* Matmuls as one pool job: a segment is one matrix against its tokens, and the job's
- * rows are the segments' rows end to end, so the threads split them however they fall
- * and the matmuls wait for the pool once, not once each (the linears that read one x;
- * a layer's routed experts, gate and up of every expert a token picked, then every
- * down). Each (row, token) is the same matmul row as alone. */
+static void run_rows(model *m, mm_job *j) {
+    if (j->rows * j->cols * j->s < PARALLEL_MIN_MACS) mm_rows(j, 0, j->rows);
+    else pool_run(m->pool, mm_rows, j, j->rows);
+}
+
+/* Several matmuls as one pool job: a segment is one matrix against its tokens, and the
+ * job's rows are the segments' rows end to end, so the threads split them however
+ * they fall and the matmuls wait for the pool once, not once each (the linears that
+ * read one x; a layer's routed experts, gate and up of every expert a token picked,
+ * then every down). Each (row, token) is the same matmul row as alone. */
 typedef struct mm_seg {
     const linear *l;  /* quantised, or NULL: f32 `w` */
     const float *w;
     int64_t rows, cols, s;
     const float *x;
     float *y;
-    /* int4: x's digits, made once for every chunk of rows and every segment that reads
-     * this x (segs_run), or NULL: each call makes its own */
-    coli_q4_x *xq;
-    int owns_xq;
 } mm_seg;
 
-static void seg_rows(const mm_seg *sg, int64_t b, int64_t e) {
-    const linear *l = sg->l;
-    if (!l) coli_matmul_f32_rows(sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y, b, e);
-    else if (l->format == COLI_FMT_F32) coli_matmul_f32_rows(l->w, l->rows, l->cols, sg->x, sg->s, sg->y, b, e);
-    else if (l->format == COLI_FMT_Q8) coli_matmul_q8_rows(l->q8, l->scale, l->rows, l->cols, sg->x, sg->s, sg->y, b, e);
-    else if (sg->xq) coli_matmul_q4_rows_x(l->q4, l->scale, l->rows, sg->xq, sg->y, b, e);
-    else coli_matmul_q4_rows(l->q4, l->scale, l->rows, l->cols, l->group, sg->x, sg->s, sg->y, b, e);
-}
-
 typedef struct segs_job {
-    mm_seg *segs;
+    const mm_seg *segs;
     int count;
-    const int *owners; /* the segments that make their x's digits */
 } segs_job;
 
 static void segs_rows(void *ctx, int64_t b, int64_t e) {
@@ -54,71 +63,23 @@ static void segs_rows(void *ctx, int64_t b, int64_t e) {
     for (int i = 0; i < j->count && first < e; first += j->segs[i].rows, i++) {
         const mm_seg *sg = &j->segs[i];
         const int64_t lo = b > first ? b - first : 0, hi = e - first < sg->rows ? e - first : sg->rows;
-        if (lo < hi) seg_rows(sg, lo, hi);
+        if (lo >= hi) continue;
+        mm_job mj = {sg->l, sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y};
+        mm_rows(&mj, lo, hi);
     }
 }
 
-static void digits_items(void *ctx, int64_t b, int64_t e) {
-    const segs_job *j = ctx;
-    for (int64_t i = b; i < e; i++) {
-        mm_seg *sg = &j->segs[j->owners[i]];
-        sg->xq = coli_q4_x_make(sg->x, sg->s, sg->cols, sg->l->group);
-    }
-}
-
-static int reads_same_x(const mm_seg *a, const mm_seg *b) {
-    return a->x == b->x && a->s == b->s && a->cols == b->cols && a->l->group == b->l->group;
-}
-
-/* The int4 segments' x digits, once for each x: the first segment to read an x makes
- * them (on the pool's threads where there are several), the later ones share them. */
-static void segs_digits(model *m, mm_seg *segs, int count, int *owners) {
-    int made = 0;
-    for (int i = 0; i < count; i++) {
-        mm_seg *sg = &segs[i];
-        sg->xq = NULL, sg->owns_xq = 0;
-        if (!sg->l || sg->l->format != COLI_FMT_Q4) continue;
-        int k = 0;
-        while (k < made && !reads_same_x(&segs[owners[k]], sg)) k++;
-        if (k == made) owners[made++] = i, sg->owns_xq = 1;
-    }
-    segs_job j = {segs, count, owners};
-    if (made > 1) pool_run(m->pool, digits_items, &j, made);
-    else digits_items(&j, 0, made);
-    for (int i = 0; i < count; i++) {
-        mm_seg *sg = &segs[i];
-        if (!sg->l || sg->l->format != COLI_FMT_Q4 || sg->owns_xq) continue;
-        int k = 0;
-        while (!reads_same_x(&segs[owners[k]], sg)) k++; /* its owner is there: the pass above */
-        sg->xq = segs[owners[k]].xq;
-    }
-}
-
-/* `owners` holds `count` ints (segs_digits's). */
-static void segs_run_with(model *m, mm_seg *segs, int count, int *owners) {
+static void segs_run(model *m, const mm_seg *segs, int count) {
+    segs_job j = {segs, count};
     int64_t rows = 0, macs = 0;
     for (int i = 0; i < count; i++) rows += segs[i].rows, macs += segs[i].rows * segs[i].cols * segs[i].s;
-    segs_job j = {segs, count, owners};
-    if (macs < PARALLEL_MIN_MACS) {
-        for (int i = 0; i < count; i++) segs[i].xq = NULL;
-        segs_rows(&j, 0, rows);
-        return;
-    }
-    segs_digits(m, segs, count, owners);
-    pool_run(m->pool, segs_rows, &j, rows);
-    for (int i = 0; i < count; i++)
-        if (segs[i].owns_xq) coli_q4_x_free(segs[i].xq);
-}
-
-#define SEGS_MAX 3
-static void segs_run(model *m, mm_seg *segs, int count) {
-    int owners[SEGS_MAX];
-    segs_run_with(m, segs, count, owners);
+    if (macs < PARALLEL_MIN_MACS) segs_rows(&j, 0, rows);
+    else pool_run(m->pool, segs_rows, &j, rows);
 }
 
 static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y) {
-    mm_seg sg = {NULL, w, rows, cols, s, x, y, NULL, 0};
-    segs_run(m, &sg, 1);
+    mm_job j = {NULL, w, rows, cols, x, s, y};
+    run_rows(m, &j);
 }
 
 static void add_bias(const linear *l, int64_t s, float *y) {
@@ -146,8 +107,8 @@ static int linear_once(model *m, const linear *l, const float *x, int64_t s, flo
         const double t0 = coli_now();
         if (backend_done(m, t0, 1, l, m->backend->api.matmul(l->dev, x, s, l->cols, y), err, errlen)) return 1;
     } else {
-        mm_seg sg = {l, NULL, l->rows, l->cols, s, x, y, NULL, 0};
-        segs_run(m, &sg, 1);
+        mm_job j = {l, NULL, l->rows, l->cols, x, s, y};
+        run_rows(m, &j);
     }
     add_bias(l, s, y);
     return 0;
@@ -164,7 +125,7 @@ static int linear_fwd(model *m, const linear *l, const float *x, int64_t s, floa
  * in the backend one round trip (coli_matmul_many, ABI 1.1) where it has it and holds
  * all of them, else one call each. At S = 1 a call's round trip costs several times its
  * kernels' time, so the layer's 10 become 6. */
-#define MANY_MAX SEGS_MAX
+#define MANY_MAX 3
 static int linears_fwd(model *m, const linear *const *ls, int count, const float *x, int64_t s, float *const *ys,
                        char *err, size_t errlen) {
     int local = count <= MANY_MAX;
@@ -172,7 +133,7 @@ static int linears_fwd(model *m, const linear *const *ls, int count, const float
     if (local) {
         const double t0 = coli_now();
         mm_seg segs[MANY_MAX];
-        for (int i = 0; i < count; i++) segs[i] = (mm_seg){ls[i], NULL, ls[i]->rows, ls[i]->cols, s, x, ys[i], NULL, 0};
+        for (int i = 0; i < count; i++) segs[i] = (mm_seg){ls[i], NULL, ls[i]->rows, ls[i]->cols, s, x, ys[i]};
         segs_run(m, segs, count);
         for (int i = 0; i < count; i++) add_bias(ls[i], s, ys[i]);
         m->phase_seconds[PHASE_LINEARS] += coli_now() - t0;
@@ -310,12 +271,11 @@ typedef struct moe_bufs {
     int64_t *members, *first;
     float *w, *logits, *xin, *eg, *eu, *eo, *wt;
     mm_seg *segs;
-    int *owners;
 } moe_bufs;
 
 static void moe_bufs_free(moe_bufs *b) {
     free(b->idx); free(b->members); free(b->first); free(b->w); free(b->logits); free(b->xin); free(b->eg);
-    free(b->eu); free(b->eo); free(b->wt); free(b->segs); free(b->owners);
+    free(b->eu); free(b->eo); free(b->wt); free(b->segs);
 }
 
 /* Non-zero, with nothing held, where there is no memory for them. */
@@ -327,9 +287,8 @@ static int moe_bufs_alloc(const model_config *c, int64_t n, moe_bufs *b) {
     b->xin = malloc((size_t)(P * H) * sizeof *b->xin), b->eg = malloc((size_t)(P * I) * sizeof *b->eg);
     b->eu = malloc((size_t)(P * I) * sizeof *b->eu), b->eo = malloc((size_t)(P * H) * sizeof *b->eo);
     b->wt = malloc((size_t)P * sizeof *b->wt);
-    b->segs = malloc((size_t)(2 * E) * sizeof *b->segs), b->owners = malloc((size_t)(2 * E) * sizeof *b->owners);
-    if (b->idx && b->members && b->first && b->w && b->logits && b->xin && b->eg && b->eu && b->eo && b->wt && b->segs &&
-        b->owners)
+    b->segs = malloc((size_t)(2 * E) * sizeof *b->segs);
+    if (b->idx && b->members && b->first && b->w && b->logits && b->xin && b->eg && b->eu && b->eo && b->wt && b->segs)
         return 0;
     moe_bufs_free(b);
     *b = (moe_bufs){0};
@@ -370,23 +329,19 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, moe_bufs *b
         const int64_t at = first[e], tokens = first[e + 1] - at;
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
-        /* an expert of one token reads that token's row of h, so the experts one token
-         * picked share its int4 digits */
-        const float *ex_x = tokens == 1 ? h + members[at] * H : xin + at * H;
-        segs[count++] = (mm_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, ex_x, eg + at * I, NULL, 0};
-        segs[count++] = (mm_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, ex_x, eu + at * I, NULL, 0};
+        segs[count++] = (mm_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, xin + at * H, eg + at * I};
+        segs[count++] = (mm_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, xin + at * H, eu + at * I};
     }
-    segs_run_with(m, segs, count, b->owners);
+    segs_run(m, segs, count);
     for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
     count = 0;
     for (int64_t e = 0; e < E; e++) {
         const int64_t at = first[e], tokens = first[e + 1] - at;
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
-        segs[count++] =
-            (mm_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H, NULL, 0};
+        segs[count++] = (mm_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H};
     }
-    segs_run_with(m, segs, count, b->owners);
+    segs_run(m, segs, count);
     memset(out, 0, (size_t)(n * H) * sizeof *out);
     for (int64_t r = 0; r < cnt; r++) /* expert by expert, in the order gathered */
         for (int64_t d = 0; d < H; d++) out[members[r] * H + d] += eo[r * H + d] * wt[r];

@@ -9,11 +9,6 @@
  * the job. */
 #define SPIN_POLLS 200000
 
-/* A job's items go out in about this many chunks a thread, each thread taking the next
- * chunk when it is done with its last: a thread slowed by the machine (a shared host's
- * other guests) takes fewer, where equal halves had the other thread waiting for it. */
-#define CHUNKS_PER_THREAD 4
-
 struct pool {
     int n; /* workers; the caller is one more */
     pthread_t *threads;
@@ -25,21 +20,22 @@ struct pool {
     atomic_int stop;
     pool_fn fn;
     void *ctx;
-    int64_t total, chunk;
-    atomic_int_fast64_t next; /* the first item no thread has taken */
+    int64_t total;
 };
 
-/* Chunks of the job until none is left. */
-static void take_chunks(pool *p) {
-    for (;;) {
-        const int64_t b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
-        if (b >= p->total) return;
-        p->fn(p->ctx, b, b + p->chunk < p->total ? b + p->chunk : p->total);
-    }
+static void slice(int64_t n, int parts, int i, int64_t *b, int64_t *e) {
+    *b = n * i / parts;
+    *e = n * (i + 1) / parts;
 }
 
+typedef struct {
+    pool *p;
+    int index;
+} worker_arg;
+
 static void *worker(void *arg) {
-    pool *p = arg;
+    worker_arg *w = arg;
+    pool *p = w->p;
     uint_fast64_t seen = 0;
     for (;;) {
         uint_fast64_t gen = seen;
@@ -55,13 +51,16 @@ static void *worker(void *arg) {
         }
         if (atomic_load(&p->stop)) break;
         seen = gen;
-        take_chunks(p);
+        int64_t b, e;
+        slice(p->total, p->n + 1, w->index + 1, &b, &e);
+        if (b < e) p->fn(p->ctx, b, e);
         if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
         }
     }
+    free(w);
     return NULL;
 }
 
@@ -81,8 +80,17 @@ pool *pool_create(int threads) {
     atomic_init(&p->pending, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
-    atomic_init(&p->next, 0);
-    for (int i = 0; i < threads - 1 && pthread_create(&p->threads[i], NULL, worker, p) == 0; i++) p->n++;
+    for (int i = 0; i < threads - 1; i++) {
+        worker_arg *w = malloc(sizeof *w);
+        if (!w) break;
+        w->p = p;
+        w->index = i;
+        if (pthread_create(&p->threads[i], NULL, worker, w) != 0) {
+            free(w);
+            break;
+        }
+        p->n++;
+    }
     return p;
 }
 
@@ -107,21 +115,20 @@ void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n) {
         if (n > 0) fn(ctx, 0, n);
         return;
     }
-    const int64_t chunks = (int64_t)(p->n + 1) * CHUNKS_PER_THREAD;
+    int64_t b, e;
     p->fn = fn;
     p->ctx = ctx;
     p->total = n;
-    p->chunk = (n + chunks - 1) / chunks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store(&p->pending, p->n);
-    /* the release publishes fn, ctx, total, chunk and next to the workers' acquire */
+    /* the release publishes fn, ctx and total to the workers' acquire */
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->go);
         pthread_mutex_unlock(&p->mu);
     }
-    take_chunks(p);
+    slice(n, p->n + 1, 0, &b, &e);
+    if (b < e) fn(ctx, b, e);
     for (long i = 0; i < SPIN_POLLS && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
     }
     if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {

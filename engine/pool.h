@@ -1,6 +1,5 @@
-/* A fixed pool of worker threads that splits a range of rows among them, in chunks each
- * thread takes as it finishes its last. The split never changes what a row computes,
- * so results do not depend on --threads. */
+/* A fixed pool of worker threads that splits a range of rows among them. The
+ * split never changes what a row computes, so results do not depend on --threads. */
 #ifndef COLI_POOL_H
 #define COLI_POOL_H
 
@@ -16,9 +15,9 @@ void pool_destroy(pool *p);
 void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n);
 int pool_threads(const pool *p);
 
-/* The item in slot i of n, slots taken in the order 0, n - 1, 1, n - 2, ...: the pool
- * hands out contiguous chunks of slots, so where later items cost more (a prefill's later
- * queries see more keys) this pairs a cheap item with a dear one and the chunks carry
+/* The item in slot i of n, slots taken in the order 0, n - 1, 1, n - 2, ...: each thread
+ * gets a contiguous range of slots, so where later items cost more (a prefill's later
+ * queries see more keys) this pairs a cheap item with a dear one and the ranges carry
  * even work. */
 static inline int64_t pool_balanced(int64_t i, int64_t n) { return i % 2 ? n - 1 - i / 2 : i / 2; }
 
