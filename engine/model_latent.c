@@ -121,7 +121,7 @@ typedef struct latent_job {
     float *qa; /* every query's absorbed query, [n, heads, kv_lora + qk_rope] */
     /* a decode's one query: its keys and blocks' parts */
     const int64_t *keys;
-    int64_t count;
+    int64_t count, groups; /* the heads' groups a block is split in (latent_blocks) */
     float *parts;
     int failed;
 } latent_job;
@@ -130,11 +130,15 @@ static float *scratch_of(const model_config *c) {
     return malloc((size_t)coli_latent_block_scratch(c->heads, c->kv_lora + c->qk_rope) * sizeof(float));
 }
 
-/* A decode: blocks [b, e) of its one query's keys. */
+/* A decode: items [b, e) of its one query's keys, item k the heads of group k % groups
+ * over block k / groups. A head's scores, softmax and weighted latents are its own, so
+ * splitting the heads changes no bits; it gives the threads work where the keys make
+ * fewer blocks than threads (a short context's one). */
 static void latent_blocks(void *ctx, int64_t b, int64_t e) {
     latent_job *j = ctx;
     const model_config *c = &j->m->c;
-    const int64_t H = c->heads, R = c->kv_lora, blocks = (j->count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
+    const int64_t H = c->heads, R = c->kv_lora, W = R + c->qk_rope, G = j->groups;
+    const int64_t blocks = (j->count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
     float *scratch = scratch_of(c);
     if (!scratch) {
         j->failed = 1;
@@ -142,11 +146,14 @@ static void latent_blocks(void *ctx, int64_t b, int64_t e) {
     }
     float *m = j->parts, *l = m + blocks * H, *cc = l + blocks * H;
     for (int64_t k = b; k < e; k++) {
-        const int64_t k0 = k * COLI_LATENT_BLOCK, rest = j->count - k0;
+        const int64_t blk = k / G, h0 = H * (k % G) / G, h1 = H * (k % G + 1) / G, at = blk * H + h0;
+        const int64_t k0 = blk * COLI_LATENT_BLOCK, rest = j->count - k0;
         const int64_t nb = rest < COLI_LATENT_BLOCK ? rest : COLI_LATENT_BLOCK;
-        const int64_t next_nb = k + 1 < e ? (rest - nb < COLI_LATENT_BLOCK ? rest - nb : COLI_LATENT_BLOCK) : 0;
-        coli_latent_block(j->qa, H, j->ly->lat_cache, R + c->qk_rope, R, j->keys + k0, nb, j->keys + k0 + nb, next_nb,
-                          j->scaling, scratch, m + k * H, l + k * H, cc + k * H * R);
+        /* the next block this call runs, whose rows its copy asks for */
+        const int64_t next_nb = k + 1 < e && (k + 1) / G != blk
+                                    ? (rest - nb < COLI_LATENT_BLOCK ? rest - nb : COLI_LATENT_BLOCK) : 0;
+        coli_latent_block(j->qa + h0 * W, h1 - h0, j->ly->lat_cache, W, R, j->keys + k0, nb, j->keys + k0 + nb,
+                          next_nb, j->scaling, scratch, m + at, l + at, cc + at * R);
     }
     free(scratch);
 }
@@ -222,7 +229,7 @@ int model_latent_attention(model *m, const layer *ly, const float *q, const unsi
     float *ctx = malloc((size_t)(H * n * R) * sizeof(float)), *y = malloc((size_t)(H * n * V) * sizeof(float));
     float *parts = NULL;
     int64_t *keys = NULL;
-    latent_job j = {m, ly, q, sel, n, t0, total, scaling, ctx, NULL, NULL, 0, NULL, 0};
+    latent_job j = {m, ly, q, sel, n, t0, total, scaling, ctx, NULL, NULL, 0, 1, NULL, 0};
     int rc = 1;
     if (!ctx || !y) goto done;
     if (n == 1) { /* one query: its key blocks split between the threads */
@@ -231,10 +238,10 @@ int model_latent_attention(model *m, const layer *ly, const float *q, const unsi
         keys = malloc((size_t)total * sizeof *keys);
         if (!parts || !keys) goto done;
         j.qa = qa, j.keys = keys, j.parts = parts, j.count = keys_of(sel, t0 + 1, keys);
-        const int64_t used = (j.count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
+        const int64_t used = (j.count + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK, threads = pool_threads(m->pool);
+        if (used < 2 * threads) j.groups = threads < H ? threads : H;
         pool_run(m->pool, latent_absorb, &j, H);
-        if (used > 1) pool_run(m->pool, latent_blocks, &j, used);
-        else latent_blocks(&j, 0, used);
+        pool_run(m->pool, latent_blocks, &j, used * j.groups);
         if (!j.failed && used > 1) pool_run(m->pool, latent_combine, &j, H);
         else if (!j.failed) latent_combine(&j, 0, H);
     } else {

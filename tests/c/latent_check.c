@@ -1,7 +1,8 @@
 /* MLA attention over the latent cache (coli_attend_latent, kernels/cpu_model_ops.c) on
  * random caches, selections and sizes: every output within rounding of a softmax and
  * weighted sum in double precision, and a decode's split (its blocks in any order, as
- * threads would run them, then the combine a head at a time) giving the one-walk bits.
+ * threads would run them, each block's heads in two calls, then the combine a head at a
+ * time) giving the one-walk bits.
  * Prints the loops that ran and a hash of every output's bits, to compare levels. */
 #include <math.h>
 #include <stdint.h>
@@ -41,11 +42,17 @@ int main(void) {
         float *ctx2 = malloc((size_t)(heads * rank) * sizeof(float));
         coli_attend_latent(qa, heads, lat, width, rank, keys, count, scaling, scratch, parts, ctx);
         float *m = parts2, *l = m + blocks * heads, *c = l + blocks * heads;
+        const int64_t cut = rand() % (heads + 1); /* each block's heads in two calls, split here */
         for (int64_t b = blocks - 1; b >= 0; b--) {
             const int64_t k0 = b * COLI_LATENT_BLOCK;
             const int64_t nb = count - k0 < COLI_LATENT_BLOCK ? count - k0 : COLI_LATENT_BLOCK;
-            coli_latent_block(qa, heads, lat, width, rank, keys + k0, nb, keys, b ? COLI_LATENT_BLOCK : 0, scaling,
-                              scratch, m + b * heads, l + b * heads, c + b * heads * rank);
+            const int64_t from[2] = {cut, 0}, to[2] = {heads, cut};
+            for (int part = 0; part < 2; part++) {
+                const int64_t h0 = from[part], at = b * heads + h0;
+                if (to[part] > h0)
+                    coli_latent_block(qa + h0 * width, to[part] - h0, lat, width, rank, keys + k0, nb, keys,
+                                      b ? COLI_LATENT_BLOCK : 0, scaling, scratch, m + at, l + at, c + at * rank);
+            }
         }
         for (int64_t h = 0; h < heads; h++) coli_latent_combine(blocks, heads, h, h + 1, rank, m, l, c, ctx2);
         if (memcmp(ctx, ctx2, (size_t)(heads * rank) * sizeof(float))) {
