@@ -132,8 +132,8 @@ static float *scratch_of(const model_config *c) {
 
 /* A decode: items [b, e) of its one query's keys, item k the heads of group k % groups
  * over block k / groups. A head's scores, softmax and weighted latents are its own, so
- * splitting the heads changes no bits; it gives the threads work where the keys make
- * fewer blocks than threads (a short context's one). */
+ * splitting the heads changes no bits; it evens the threads' work where the keys make
+ * fewer blocks than twice the threads (a short context's one, or three on two). */
 static void latent_blocks(void *ctx, int64_t b, int64_t e) {
     latent_job *j = ctx;
     const model_config *c = &j->m->c;
@@ -232,7 +232,7 @@ int model_latent_attention(model *m, const layer *ly, const float *q, const unsi
     latent_job j = {m, ly, q, sel, n, t0, total, scaling, ctx, NULL, NULL, 0, 1, NULL, 0};
     int rc = 1;
     if (!ctx || !y) goto done;
-    if (n == 1) { /* one query: its key blocks split between the threads */
+    if (n == 1) { /* one query: its key blocks (a short context's heads too) split between the threads */
         const int64_t blocks = (total + COLI_LATENT_BLOCK - 1) / COLI_LATENT_BLOCK;
         parts = malloc((size_t)(blocks * H * (R + 2)) * sizeof(float));
         keys = malloc((size_t)total * sizeof *keys);
