@@ -11,7 +11,10 @@ turn); the engine's peak RSS (/usr/bin/time) against
 the size of the weights. In the same run, bench/read_bandwidth.c measures what the
 engine's threads can stream, and each decode figure is given as a share of the
 limit that sets: that bandwidth over what a decoded token reads (its weights, and
-the caches at the decode's mean position).
+the caches at the decode's mean position). The probe runs once before the models and
+again right before each round of decodes: this machine's bandwidth moves 10-20% from
+one minute to the next, so each decode is set against the probe beside it, and the
+share is the median of those ratios.
 """
 
 from __future__ import annotations
@@ -36,28 +39,36 @@ def engine(coli: Path, model: Path, args: list[str], threads: int) -> tuple[dict
     return json.loads(proc.stdout), int(proc.stderr.strip().splitlines()[-1])
 
 
-def read_bandwidth(threads: int) -> dict[str, Any]:
-    """bench/read_bandwidth.c, built here, run with the engine's threads over 1 GiB."""
-    src = Path(__file__).with_name("read_bandwidth.c")
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "read_bandwidth"
-        subprocess.run(["gcc", "-std=c11", "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)], check=True)
-        proc = subprocess.run([str(exe), "--threads", str(threads), "--mib", "1024", "--repeat", "7"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-    data: dict[str, Any] = json.loads(proc.stdout)
-    return data
+class Probe:
+    """bench/read_bandwidth.c, built once in `tmp`, run with the engine's threads over 1 GiB."""
+
+    def __init__(self, tmp: Path, threads: int) -> None:
+        self.exe, self.threads = tmp / "read_bandwidth", threads
+        src = Path(__file__).with_name("read_bandwidth.c")
+        subprocess.run(["gcc", "-std=c11", "-O2", "-march=native", "-pthread", str(src), "-o", str(self.exe)],
+                       check=True)  # fmt: skip
+
+    def run(self) -> dict[str, Any]:
+        argv = [str(self.exe), "--threads", str(self.threads), "--mib", "1024", "--repeat", "7"]
+        data: dict[str, Any] = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+        return data
+
+    def bytes_per_second(self) -> float:
+        return float(self.run()["read_GBps"]) * 1e9
 
 
 def bench_engine(
-    builds: list[Path], model: Path, ids: list[int], positions: list[int], threads: int, repeat: int, bandwidth: float
+    builds: list[Path], model: Path, ids: list[int], positions: list[int], threads: int, repeat: int, probe: Probe
 ) -> list[dict[str, Any]]:
     """Each build's figures; with several builds, each run of one is followed by the same run
-    of the next, so that a machine that drifts during the run favours none."""
+    of the next, so that a machine that drifts during the run favours none. Each round of
+    decodes follows a run of the probe, the limit its decodes are a share of."""
     outs: list[dict[str, Any]] = [{} for _ in builds]
     prompt = ",".join(map(str, ids[:PROMPT]))
     for quant in ("f32", "int8", "int4"):
         tf: list[dict[int, list[float]]] = [{p: [] for p in positions} for _ in builds]
         gen: list[list[float]] = [[] for _ in builds]
+        beside: list[float] = []  # the probe before each round of decodes, bytes/s
         rss: list[list[int]] = [[] for _ in builds]
         per_token = [0.0 for _ in builds]  # each build's own: its cache form sets the cache's bytes
         kv = ["expanded" for _ in builds]  # a build from before --kv had only this form
@@ -68,6 +79,7 @@ def bench_engine(
                     d, kb = engine(coli, model, ["--ids", joined, "--teacher-force", "--quant", quant], threads)
                     tf[b][p].append(d["tokens_per_second"])
                     rss[b].append(kb)
+            beside.append(probe.bytes_per_second())
             for b, coli in enumerate(builds):
                 d, kb = engine(coli, model, ["--ids", prompt, "--generate", str(DECODE), "--quant", quant], threads)
                 gen[b].append(d["decode_tokens_per_second"])
@@ -75,13 +87,15 @@ def bench_engine(
                 per_token[b] = d["token_weight_bytes"] + d["kv_bytes_per_position"] * (PROMPT + DECODE / 2)
                 kv[b] = d.get("kv_cache", kv[b])
         for b in range(len(builds)):
-            limit = bandwidth / per_token[b]
             outs[b][quant] = {
                 "teacher_forcing_tokens_per_second": {str(p): statistics.median(v) for p, v in tf[b].items()},
                 "decode_tokens_per_second": statistics.median(gen[b]),
                 "token_read_bytes": per_token[b],
-                "decode_limit_tokens_per_second": limit,
-                "decode_share_of_limit": statistics.median(gen[b]) / limit,
+                "decode_limit_tokens_per_second": statistics.median(beside) / per_token[b],
+                "decode_share_of_limit": statistics.median(
+                    [t * per_token[b] / bw for t, bw in zip(gen[b], beside, strict=True)]
+                ),
+                "read_GBps_beside_decodes": [bw / 1e9 for bw in beside],
                 "peak_rss_bytes": max(rss[b]) * 1024,
                 "kv_cache": kv[b],
             }
@@ -131,14 +145,15 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another coli build, run beside --coli in the same run")
     ap.add_argument("--engine-only", action="store_true", help="leave transformers out (no oracle environment)")
     args = ap.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    probe = Probe(Path(tmp.name), args.threads)
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {subprocess.getoutput('nproc')} cores",
         "command": "python " + " ".join(__import__("sys").argv),
         "threads": args.threads,
-        "read_bandwidth": read_bandwidth(args.threads),
+        "read_bandwidth": probe.run(),
         "models": {},
     }
-    bandwidth = results["read_bandwidth"]["read_GBps"] * 1e9
     positions = [int(p) for p in args.positions.split(",")]
     for spec in args.model:
         name, path = spec.split("=", 1)
@@ -148,7 +163,7 @@ def main() -> None:
         ids = [rng.randrange(2, vocab) for _ in range(max(positions))]
         weights = sum(f.stat().st_size for f in model.glob("*.safetensors"))
         builds = [args.coli, *([args.baseline] if args.baseline else [])]
-        engines = bench_engine(builds, model, ids, positions, args.threads, args.repeat, bandwidth)
+        engines = bench_engine(builds, model, ids, positions, args.threads, args.repeat, probe)
         eng = engines[0]
         row: dict[str, Any] = {"weights_bytes": weights, "engine": eng}
         if args.baseline:
@@ -165,6 +180,7 @@ def main() -> None:
         print(json.dumps({name: row}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.cleanup()
 
 
 if __name__ == "__main__":
