@@ -1072,7 +1072,10 @@ Q4D_ROW(row_q4d_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI)
  * each row's unpacked weights used for the four tokens and each token's digits and
  * bias lanes for the rows, each (row, token) the operations of NAME##_n in its order.
  * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
- * (bench/RESULTS.md), so AVX2 keeps NAME##_n. */
+ * (bench/RESULTS.md), so AVX2 keeps NAME##_n. Each row asks for the same bytes of the
+ * row TILE_ROWS below (the next tile's): a fixed distance ahead of its own loads would
+ * land in this tile's other rows, and four streams a page apart read from memory
+ * without it at two thirds of one stream's rate. */
 #define Q4D_TILE(NAME, TARGET, DOT, UNPACK, TILE_ROWS)                                                               \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
         const uint8_t *p, const float *scale, int64_t cols, int64_t groups, const q4d_x *xd, int64_t t0,             \
@@ -1086,7 +1089,7 @@ Q4D_ROW(row_q4d_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI)
             __m256 sg[TILE_ROWS];                                                                                    \
             _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) {                                            \
                 const uint8_t *pr = p + r * cols / 2 + g * 16;                                                       \
-                _mm_prefetch((const char *)(pr + STREAM_AHEAD), _MM_HINT_T0);                                        \
+                _mm_prefetch((const char *)(pr + TILE_ROWS * cols / 2), _MM_HINT_T0);                                \
                 w[r] = UNPACK(pr);                                                                                   \
                 sg[r] = _mm256_set1_ps(scale[r * groups + g]);                                                       \
             }                                                                                                        \
