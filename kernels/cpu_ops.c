@@ -265,6 +265,16 @@ static float exp_f32_one(float t) {
 #ifndef STREAM_AHEAD
 #define STREAM_AHEAD 1024
 #endif
+/* A tile of rows streams several rows side by side, a row's length apart: the hardware's
+ * prefetch alone reads them from memory at about half of one row's rate. So the f32 and
+ * int8 tiles' first pass of a block of tokens over a tile of rows asks for the next
+ * tile's rows as it reads its own (the later passes find their rows in the cache),
+ * into L2, which holds a float32 tile's rows where L1 does not. Shorter rows than
+ * NEXT_ROWS_MIN bytes make a tile of a few lines in a row, one stream that the
+ * hardware follows (int8's 128-wide rows were slower with the fetch). int4's tiles,
+ * 4 KiB of rows, ask on every pass into L1 (Q4D_TILE), which measured faster there. */
+#define NEXT_ROWS_FETCH(ptr) _mm_prefetch((const char *)(ptr), _MM_HINT_T1)
+#define NEXT_ROWS_MIN 512
 
 /* LANES_SUM of a vector's lanes, the same adds in the same order, without a trip
  * through memory: (l0 + l4, l1 + l5, l2 + l6, l3 + l7) lane by lane, then the pairs'
@@ -622,7 +632,7 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
 #define F32_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                       \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
         const float *w, int64_t cols, const float *x, int64_t stride, int64_t n, float (*y)[F32_TOKENS],             \
-        const int NT) {                                                                                              \
+        const int NT, const float *next) {                                                                           \
         __m256 acc[TILE_ROWS][F32_TOKENS];                                                                           \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                  \
             _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();                    \
@@ -630,6 +640,8 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
         for (; i + 8 <= n; i += 8) {                                                                                 \
             __m256 wv[TILE_ROWS];                                                                                    \
             _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(w + r * cols + i);   \
+            if (next && i % 16 == 0) /* a line of each */                                                            \
+                _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) NEXT_ROWS_FETCH(next + r * cols + i);    \
             _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++) {                                                   \
                 __m256 xv = _mm256_loadu_ps(x + j * stride + i);                                                     \
                 __asm__("" : REG(xv));                                                                               \
@@ -717,8 +729,8 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
 
 #define Q8_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                        \
     __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
-                                                     int64_t n, int nt, float (*y)[F32_TOKENS]) {                    \
-        const int8_t *q = wp;                                                                                        \
+                                                     int64_t n, int nt, float (*y)[F32_TOKENS], const void *nextp) { \
+        const int8_t *q = wp, *next = nextp;                                                                         \
         const int NT = F32_TOKENS;                                                                                   \
         (void)nt;                                                                                                    \
         __m256 sets[Q8_SETS][TILE_ROWS][F32_TOKENS], acc[TILE_ROWS][F32_TOKENS];                                     \
@@ -728,6 +740,8 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
         const int64_t full = n / (8 * Q8_SETS) * (8 * Q8_SETS);                                                      \
         for (int64_t c0 = 0; c0 < full; c0 += Q8_SLICE) {                                                            \
             const int64_t c1 = full - c0 < Q8_SLICE ? full : c0 + Q8_SLICE;                                          \
+            for (int r = 0; next && r < TILE_ROWS; r++) /* the slice's lines of each */                              \
+                for (int64_t b = c0; b < c1; b += 64) NEXT_ROWS_FETCH(next + r * cols + b);                          \
             for (int k = 0; k < Q8_SETS; k++) {                                                                      \
                 memcpy(acc, sets[k], sizeof acc);                                                                    \
                 for (int64_t i = c0 + 8 * k; i < c1; i += 8 * Q8_SETS) Q8_TILE_STEP(TILE_ROWS, REG, i);              \
@@ -759,12 +773,12 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
 /* A tile's function for 1 to F32_TOKENS tokens, each count its own unrolled loop. */
 #define TILE_OF_NT(NAME, TARGET, T)                                                                                  \
     __attribute__((target(TARGET))) static void NAME(const void *w, int64_t cols, const float *x, int64_t stride,    \
-                                                     int64_t n, int nt, float (*y)[F32_TOKENS]) {                    \
+                                                     int64_t n, int nt, float (*y)[F32_TOKENS], const void *next) {  \
         switch (nt) {                                                                                                \
-        case 1: NAME##_nt((const T *)w, cols, x, stride, n, y, 1); break;                                            \
-        case 2: NAME##_nt((const T *)w, cols, x, stride, n, y, 2); break;                                            \
-        case 3: NAME##_nt((const T *)w, cols, x, stride, n, y, 3); break;                                            \
-        default: NAME##_nt((const T *)w, cols, x, stride, n, y, F32_TOKENS);                                         \
+        case 1: NAME##_nt((const T *)w, cols, x, stride, n, y, 1, next); break;                                      \
+        case 2: NAME##_nt((const T *)w, cols, x, stride, n, y, 2, next); break;                                      \
+        case 3: NAME##_nt((const T *)w, cols, x, stride, n, y, 3, next); break;                                      \
+        default: NAME##_nt((const T *)w, cols, x, stride, n, y, F32_TOKENS, next);                                   \
         }                                                                                                            \
     }
 
@@ -797,10 +811,11 @@ __attribute__((target("avx2"))) static float q8_one(const float *x, const void *
  * the rows, so that their x stays in the core's cache while the rows go by; `rows`
  * rows and up to F32_TOKENS tokens a tile, the last rows one by one (four tokens
  * through the one-row loop, the rest one by one); y times the row's scale where there
- * is one. */
+ * is one. A block's first tile over a tile of rows asks for the next tile's rows
+ * (`next`, NULL for none: NEXT_ROWS_FETCH). */
 typedef struct tiles {
     void (*tile)(const void *w, int64_t cols, const float *x, int64_t stride, int64_t n, int nt,
-                 float (*y)[F32_TOKENS]);
+                 float (*y)[F32_TOKENS], const void *next);
     int rows;    /* a tile's, at most 4 */
     int partial; /* whether `tile` takes fewer than F32_TOKENS tokens */
     void (*tokens4)(const void *w, const float *x, int64_t stride, int64_t n, float *y);
@@ -818,6 +833,7 @@ __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, con
                                                             float *y, int64_t r0, int64_t r1) {
     float out[4][F32_TOKENS];
     const size_t row_bytes = (size_t)cols * tl->width;
+    const int fetch = row_bytes >= NEXT_ROWS_MIN;
     for (int64_t t0 = 0; t0 < s; t0 += TOKEN_BLOCK) {
         const int64_t t1 = s - t0 < TOKEN_BLOCK ? s : t0 + TOKEN_BLOCK;
         for (int64_t r = r0; r < r1;) {
@@ -826,7 +842,8 @@ __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, con
             for (int64_t t = t0; t < t1;) {
                 const int nt = t1 - t < F32_TOKENS ? (int)(t1 - t) : F32_TOKENS;
                 if (n_rows > 1 && (nt == F32_TOKENS || tl->partial))
-                    tl->tile(wr, cols, x + t * cols, cols, cols, nt, out);
+                    tl->tile(wr, cols, x + t * cols, cols, cols, nt, out,
+                             fetch && t == t0 && r + n_rows + tl->rows <= r1 ? wr + n_rows * row_bytes : NULL);
                 else if (nt == F32_TOKENS) tl->tokens4(wr, x + t * cols, cols, cols, out[0]);
                 else
                     for (int q = 0; q < n_rows; q++)
