@@ -265,14 +265,14 @@ static float exp_f32_one(float t) {
 #ifndef STREAM_AHEAD
 #define STREAM_AHEAD 1024
 #endif
-/* A tile of rows streams several rows side by side, a row's length apart: the hardware's
- * prefetch alone reads them from memory at about half of one row's rate. So the f32 and
- * int8 tiles' first pass of a block of tokens over a tile of rows asks for the next
- * tile's rows as it reads its own (the later passes find their rows in the cache),
- * into L2, which holds a float32 tile's rows where L1 does not. Shorter rows than
- * NEXT_ROWS_MIN bytes make a tile of a few lines in a row, one stream that the
- * hardware follows (int8's 128-wide rows were slower with the fetch). int4's tiles,
- * 4 KiB of rows, ask on every pass into L1 (Q4D_TILE), which measured faster there. */
+/* A tile of rows streams several rows side by side, a row's length apart, and the
+ * hardware's prefetch alone does not keep such streams coming from memory (figures in
+ * bench/RESULTS.md). So the f32 and int8 tiles' first pass of a block of tokens over a
+ * tile of rows asks for the next tile's rows as it reads its own (the later passes
+ * find their rows in the cache), into L2, which holds a float32 tile's rows where L1
+ * does not. Rows shorter than NEXT_ROWS_MIN bytes make a tile a few lines in a row, one
+ * stream the hardware follows by itself, so there the fetch is only cost. int4's
+ * tiles, 4 KiB of rows, fit L1 and ask on every pass into it (Q4D_TILE). */
 #define NEXT_ROWS_FETCH(ptr) _mm_prefetch((const char *)(ptr), _MM_HINT_T1)
 #define NEXT_ROWS_MIN 512
 
@@ -1090,9 +1090,8 @@ Q4D_ROW(row_q4d_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI)
  * bias lanes for the rows, each (row, token) the operations of NAME##_n in its order.
  * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
  * (bench/RESULTS.md), so AVX2 keeps NAME##_n. Each row asks for the same bytes of the
- * row TILE_ROWS below (the next tile's): a fixed distance ahead of its own loads would
- * land in this tile's other rows, and four streams a page apart read from memory
- * without it at two thirds of one stream's rate. */
+ * row TILE_ROWS below (the next tile's, NEXT_ROWS_FETCH): a fixed distance ahead of
+ * its own loads would land in this tile's other rows, which it reads anyway. */
 #define Q4D_TILE(NAME, TARGET, DOT, UNPACK, TILE_ROWS)                                                               \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
         const uint8_t *p, const float *scale, int64_t cols, int64_t groups, const q4d_x *xd, int64_t t0,             \
