@@ -40,10 +40,12 @@ def engine(coli: Path, model: Path, args: list[str], threads: int) -> tuple[dict
 
 
 class Probe:
-    """bench/read_bandwidth.c, built once in `tmp`, run with the engine's threads over 1 GiB."""
+    """bench/read_bandwidth.c, built once in a folder of its own (gone with the probe), run
+    with the engine's threads over 1 GiB."""
 
-    def __init__(self, tmp: Path, threads: int) -> None:
-        self.exe, self.threads = tmp / "read_bandwidth", threads
+    def __init__(self, threads: int) -> None:
+        self.tmp = tempfile.TemporaryDirectory()
+        self.exe, self.threads = Path(self.tmp.name) / "read_bandwidth", threads
         src = Path(__file__).with_name("read_bandwidth.c")
         subprocess.run(["gcc", "-std=c11", "-O2", "-march=native", "-pthread", str(src), "-o", str(self.exe)],
                        check=True)  # fmt: skip
@@ -145,8 +147,7 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another coli build, run beside --coli in the same run")
     ap.add_argument("--engine-only", action="store_true", help="leave transformers out (no oracle environment)")
     args = ap.parse_args()
-    tmp = tempfile.TemporaryDirectory()
-    probe = Probe(Path(tmp.name), args.threads)
+    probe = Probe(args.threads)
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {subprocess.getoutput('nproc')} cores",
         "command": "python " + " ".join(__import__("sys").argv),
@@ -180,7 +181,6 @@ def main() -> None:
         print(json.dumps({name: row}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    tmp.cleanup()
 
 
 if __name__ == "__main__":
