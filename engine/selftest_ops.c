@@ -372,10 +372,12 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
     /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
      * in its mma layout; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
      * more than one row), 1 row not; `routed`: a route op before it gives the picks and weights, as in a
-     * decode's step (the GPU routes inside the experts' first kernel then) */
+     * decode's step (the GPU routes inside the experts' first kernel then); rows of 264 (f32) and
+     * 1032 (int8) take the GPU's up kernel on eight warps a row, its last piece short */
     static const struct { int fmt; int64_t inter, hid, rows; int32_t group; int routed; } variants[] = {
         {0, 24, 40, 3, 8, 0},     {1, 24, 40, 3, 8, 0},  {2, 24, 40, 3, 8, 0},      {2, 128, 256, 3, 32, 0},
-        {1, 24, 40, 1, 8, 0},     {2, 128, 256, 1, 32, 0}, {1, 24, 40, 1, 8, 1}, {2, 128, 256, 1, 32, 1}};
+        {1, 24, 40, 1, 8, 0},     {2, 128, 256, 1, 32, 0}, {1, 24, 40, 1, 8, 1}, {2, 128, 256, 1, 32, 1},
+        {0, 16, 264, 1, 8, 1},    {1, 16, 1032, 1, 8, 0}};
     for (int vi = 0; vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
         const int fmt = variants[vi].fmt;
         const int32_t G = variants[vi].group;

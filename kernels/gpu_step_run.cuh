@@ -302,13 +302,14 @@ static route_args route_args_of(const coli_rec_op *o) {
  * route op before it is its too. */
 template <int FORMAT, int HELD>
 static void moe_up_launch(bool routed, dim3 grid, cudaStream_t st, const dev_weight *table, const coli_moe_operands &a,
-                          const gpu_rec *g, int64_t inter, int64_t hid, int64_t experts, const route_args &ra) {
+                          const gpu_rec *g, int64_t inter, int64_t hid, int64_t experts, int split,
+                          const route_args &ra) {
     if (routed)
         launch_early(chain_calls(), moe_up_kernel<FORMAT, true, HELD>, grid, dim3(STEP_THREADS), 0, st, table, a.x,
-                     a.idx, g->moe_gu, a.k, inter, hid, experts, ra);
+                     a.idx, g->moe_gu, a.k, inter, hid, experts, split, ra);
     else
         launch_early(chain_calls(), moe_up_kernel<FORMAT, false, HELD>, grid, dim3(STEP_THREADS), 0, st, table, a.x,
-                     a.idx, g->moe_gu, a.k, inter, hid, experts, ra);
+                     a.idx, g->moe_gu, a.k, inter, hid, experts, split, ra);
 }
 
 /* `route`: the route op before it, where the two are one unit (UNIT_ROUTE_MOE), else NULL. */
@@ -338,13 +339,14 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
             st, g->moe_eo, a.idx, a.w, a.out, a.k, hid, experts);
         return;
     }
-    const unsigned rows_a_block = (unsigned)(per / MOE_UP_SPLIT), decode_up_blocks = (unsigned)((inter + rows_a_block - 1) / rows_a_block);
+    const int split = moe_up_split<FORMAT>(hid);
+    const unsigned rows_a_block = (unsigned)(per / split), decode_up_blocks = (unsigned)((inter + rows_a_block - 1) / rows_a_block);
     const dim3 up_grid(decode_up_blocks, (unsigned)pairs);
     const route_args ra = route ? route_args_of(route) : route_args{};
-    const int64_t held = (piece_words<FORMAT>(hid) + WARP - 1) / WARP; /* words a lane of a piece */
-    if (held <= 2) moe_up_launch<FORMAT, 2>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
-    else if (held <= 4) moe_up_launch<FORMAT, 4>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
-    else moe_up_launch<FORMAT, ROW_HELD>(route, up_grid, st, table, a, g, inter, hid, experts, ra);
+    const int64_t held = (piece_words<FORMAT>(hid, split) + WARP - 1) / WARP; /* words a lane of a piece */
+    if (held <= 2) moe_up_launch<FORMAT, 2>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
+    else if (held <= 4) moe_up_launch<FORMAT, 4>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
+    else moe_up_launch<FORMAT, ROW_HELD>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
     const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs<FORMAT>(a.k) - 1) / moe_down_outputs<FORMAT>(a.k));
     launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
         table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);

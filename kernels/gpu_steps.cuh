@@ -484,8 +484,13 @@ __device__ __noinline__ float row_dot_apart(const dev_weight &w, int64_t row, co
 /* Warps a row of moe_up_kernel: each dots its piece of the row's words, so a
  * decode's few rows spread over that many times the warps and each waits on that
  * fraction of the loads (one warp a row left a decode's grid on half the SMs, each
- * warp's loads and sums in series: ncu, latency-bound). */
-#define MOE_UP_SPLIT 4
+ * warp's loads and sums in series: ncu, latency-bound). Four, or eight (a block's
+ * every warp on one row) where four would leave a lane more than two words: a lane's
+ * words are loaded one after another, and a lane with one word in a slot of two pays
+ * for both (bench/RESULTS.md). */
+template <int FORMAT> __host__ __device__ inline int moe_up_split(int64_t cols) {
+    return (cols / fmt<FORMAT>::per_word + 4 * WARP - 1) / (4 * WARP) > 2 ? 8 : 4;
+}
 
 /* A piece of a row of up to HELD words a lane in registers (HELD 2, 4 or ROW_HELD, the
  * fewest that hold the piece, picked by launch_moe; every slot costs its instructions
@@ -493,13 +498,13 @@ __device__ __noinline__ float row_dot_apart(const dev_weight &w, int64_t row, co
  * every word (and int4 scale) of the lane loaded before any is used, so a decode's
  * expert rows wait for memory once, not once per few words. */
 #define ROW_HELD 8
-template <int FORMAT> __host__ __device__ inline int64_t piece_words(int64_t cols) {
-    return (cols / fmt<FORMAT>::per_word + MOE_UP_SPLIT - 1) / MOE_UP_SPLIT;
+template <int FORMAT> __host__ __device__ inline int64_t piece_words(int64_t cols, int split) {
+    return (cols / fmt<FORMAT>::per_word + split - 1) / split;
 }
-template <int FORMAT, int HELD> __device__ inline bool row_held(const dev_weight &w) {
+template <int FORMAT, int HELD> __device__ inline bool row_held(const dev_weight &w, int split) {
     constexpr int PW = fmt<FORMAT>::per_word;
     return w.cols % PW == 0 && w.layout != TILE_LAYOUT && (FORMAT != COLI_FMT_Q4 || w.group % PW == 0) &&
-           piece_words<FORMAT>(w.cols) <= HELD * WARP;
+           piece_words<FORMAT>(w.cols, split) <= HELD * WARP;
 }
 
 template <int FORMAT, int HELD>
@@ -542,14 +547,14 @@ __device__ inline float row_dot_held(const dev_weight &w, int64_t row, int64_t f
 }
 
 /* gu[pair][i] = silu(gate_e x . ) * (up_e x), pair = (row, j) with e = idx[pair];
- * MOE_UP_SPLIT warps an output, their pieces added in piece order. ROUTED: the route
+ * `split` (moe_up_split) warps an output, their pieces added in piece order. ROUTED: the route
  * op before it is this kernel's too (a decode's few rows): each block's first warp
  * routes the block's row itself, so the experts wait for no kernel between the
  * router's logits and their loads, and the first block of each row writes the
  * row's picks and weights for moe_down_kernel. */
 template <int FORMAT, bool ROUTED, int HELD>
 __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_t *idx, float *gu, int64_t k,
-                              int64_t inter, int64_t hid, int64_t experts, route_args route) {
+                              int64_t inter, int64_t hid, int64_t experts, int split, route_args route) {
     __shared__ float parts[2][STEP_THREADS / WARP];
     __shared__ dev_weight table[2 * EXPERT_TABLE]; /* each expert's gate and up, as moe_down_kernel's */
     coli_allow_next_grid();
@@ -557,8 +562,8 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     if (tabled)
         for (int64_t t = threadIdx.x; t < 2 * experts; t += blockDim.x) table[t] = ws[3 * (t / 2) + t % 2];
     coli_wait_prior_grid();
-    const int warp = threadIdx.x / WARP, piece = warp % MOE_UP_SPLIT, lane = threadIdx.x % WARP;
-    const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP / MOE_UP_SPLIT) + warp / MOE_UP_SPLIT;
+    const int warp = threadIdx.x / WARP, piece = warp % split, lane = threadIdx.x % WARP;
+    const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP / split) + warp / split;
     int32_t e;
     if constexpr (ROUTED) {
         __shared__ route_scratch s;
@@ -581,8 +586,8 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
         const float *xr = x + blockIdx.y / (uint32_t)k * hid;
         /* both read before either dot: one wait, not two */
         const dev_weight wg = tabled ? table[2 * e] : ws[3 * e], wu = tabled ? table[2 * e + 1] : ws[3 * e + 1];
-        if (row_held<FORMAT, HELD>(wg) && row_held<FORMAT, HELD>(wu) && wg.cols == wu.cols) {
-            const int64_t span = piece_words<FORMAT>(wg.cols), first = piece * span, per_row = wg.cols / fmt<FORMAT>::per_word;
+        if (row_held<FORMAT, HELD>(wg, split) && row_held<FORMAT, HELD>(wu, split) && wg.cols == wu.cols) {
+            const int64_t span = piece_words<FORMAT>(wg.cols, split), first = piece * span, per_row = wg.cols / fmt<FORMAT>::per_word;
             const int64_t end = first + span < per_row ? first + span : per_row;
             uint32_t qg[HELD], qu[HELD];
             float sg[HELD], su[HELD];
@@ -598,7 +603,7 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     __syncthreads();
     if (!on || piece != 0 || lane != 0) return;
     float gs = 0.0f, us = 0.0f;
-    for (int q = 0; q < MOE_UP_SPLIT; q++) gs += parts[0][warp + q], us += parts[1][warp + q];
+    for (int q = 0; q < split; q++) gs += parts[0][warp + q], us += parts[1][warp + q];
     gu[pair * inter + i] = dev_silu(gs) * us;
 }
 
@@ -643,8 +648,9 @@ struct held_value {
  * are its experts' intermediate width, a word a lane, so a warp with one dot waited
  * on memory for a word; with down_items every load of them is in flight together.
  * int4 two: its words hold 8 inputs each, and four items' took more registers than
- * the kernel's bound leaves. */
-template <int FORMAT> __host__ __device__ constexpr int down_items() { return FORMAT == COLI_FMT_Q4 ? 2 : 4; }
+ * the kernel's bound leaves; int8 two as well: with the up kernel on eight warps a
+ * row, two items a warp and twice the warps were the faster (bench/RESULTS.md). */
+template <int FORMAT> __host__ __device__ constexpr int down_items() { return FORMAT == COLI_FMT_F32 ? 4 : 2; }
 
 /* Outputs a block of moe_down_kernel takes: its warps share them out down_items
  * (output, pick) dots each, so a row's k dots run side by side. */
