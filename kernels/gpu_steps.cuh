@@ -485,9 +485,10 @@ __device__ __noinline__ float row_dot_apart(const dev_weight &w, int64_t row, co
  * decode's few rows spread over that many times the warps and each waits on that
  * fraction of the loads (one warp a row left a decode's grid on half the SMs, each
  * warp's loads and sums in series: ncu, latency-bound). Four, or eight (a block's
- * every warp on one row) where four would leave a lane more than two words: a lane's
- * words are loaded one after another, and a lane with one word in a slot of two pays
- * for both (bench/RESULTS.md). */
+ * every warp on one row) where four would leave a lane more than two words: each lane
+ * then dequantises and sums fewer words in series, but a lane with one word in a slot
+ * of two pays for both, so rows of two words a lane at four warps keep four
+ * (bench/RESULTS.md). */
 template <int FORMAT> __host__ __device__ inline int moe_up_split(int64_t cols) {
     return (cols / fmt<FORMAT>::per_word + 4 * WARP - 1) / (4 * WARP) > 2 ? 8 : 4;
 }
