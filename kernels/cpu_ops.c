@@ -219,10 +219,10 @@ static float row_q4d_portable(const float *x, const uint8_t *p, const float *sca
 #define F32_TOKENS 4
 #define Q8_TOKENS 2 /* four sets of lanes a token */
 #define Q4_TOKENS 4 /* a group's and the row's lanes a token */
-/* Tokens of a pass over a thread's rows: 64 tokens of a 2048-wide x are 512 KiB, half
+/* Tokens of a sweep over a thread's rows: 64 tokens of a 2048-wide x are 512 KiB, half
  * a Zen 4 core's L2. */
 #define TOKEN_BLOCK 64
-#define Q8_SLICE 256 /* an int8 tile's values a pass: 4 tokens' x 4 KiB */
+#define Q8_SLICE 256 /* an int8 tile's values a sweep: 4 tokens' x 4 KiB */
 
 /* exp(x) as coli_exp_f32 defines it (Cephes' expf: x = k ln 2 + r, |r| <= ln 2 / 2, a
  * degree-7 polynomial in r times 2^k); below EXP_LO it is 0, above EXP_HI exp(EXP_HI). */
@@ -267,12 +267,12 @@ static float exp_f32_one(float t) {
 #endif
 /* A tile of rows streams several rows side by side, a row's length apart, and the
  * hardware's prefetch alone does not keep such streams coming from memory (figures in
- * bench/RESULTS.md). So the f32 and int8 tiles' first pass of a block of tokens over a
- * tile of rows asks for the next tile's rows as it reads its own (the later passes
+ * bench/RESULTS.md). So the f32 and int8 tiles' first sweep of a block of tokens over a
+ * tile of rows asks for the next tile's rows as it reads its own (the later sweeps
  * find their rows in the cache), into L2, which holds a float32 tile's rows where L1
  * does not. Rows shorter than NEXT_ROWS_MIN bytes make a tile a few lines in a row, one
  * stream the hardware follows by itself, so there the fetch is only cost. int4's
- * tiles, 4 KiB of rows, fit L1 and ask on every pass into it (Q4D_TILE). */
+ * tiles, 4 KiB of rows, fit L1 and ask on every sweep into it (Q4D_TILE). */
 #define NEXT_ROWS_FETCH(ptr) _mm_prefetch((const char *)(ptr), _MM_HINT_T1)
 #define NEXT_ROWS_MIN 512
 
@@ -662,7 +662,7 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
  * single-token loop's order), and the sets are independent sums, so each is summed on
  * its own, one set's (row, token) sums in the registers at a time: four sets would not
  * fit them. Q8_SLICE values at a time, every set over them before the next, so that
- * the sets' passes find the slice's x and weights in L1. Four tokens only: with fewer,
+ * the sets' sweeps find the slice's x and weights in L1. Four tokens only: with fewer,
  * the sets' trips through memory cost more than the one-row loops (bench/RESULTS.md). */
 __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
@@ -807,7 +807,7 @@ __attribute__((target("avx2"))) static float q8_one(const float *x, const void *
     return dot_q8_avx2(x, w, n);
 }
 
-/* Rows [r0, r1) against s >= 2 tokens, f32 or int8: TOKEN_BLOCK tokens a pass over
+/* Rows [r0, r1) against s >= 2 tokens, f32 or int8: TOKEN_BLOCK tokens a sweep over
  * the rows, so that their x stays in the core's cache while the rows go by; `rows`
  * rows and up to F32_TOKENS tokens a tile, the last rows one by one (four tokens
  * through the one-row loop, the rest one by one); y times the row's scale where there
@@ -1088,7 +1088,7 @@ Q4D_ROW(row_q4d_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI)
 /* Groups of 32 (the engine's), TILE_ROWS rows against Q4_TOKENS tokens of xd from t0:
  * each row's unpacked weights used for the four tokens and each token's digits and
  * bias lanes for the rows, each (row, token) the operations of NAME##_n in its order.
- * Four rows need AVX-512's 32 registers; two, on AVX2's 16, were no faster than one
+ * Four rows need AVX-512's 32 registers; two, on AVX2's 16, gain nothing over one
  * (bench/RESULTS.md), so AVX2 keeps NAME##_n. Each row asks for the same bytes of the
  * row TILE_ROWS below (the next tile's, NEXT_ROWS_FETCH): a fixed distance ahead of
  * its own loads would land in this tile's other rows, which it reads anyway. */
@@ -1141,7 +1141,7 @@ Q4D_TILE(q4d_tile_vnni, VNNI_TARGET, DOT_VNNI, UNPACK_SHIFT, 4)
 Q4D_TILE(q4d_tile_gfni, GFNI_TARGET, DOT_VNNI, UNPACK_GFNI, 4)
 
 /* Rows [r0, r1) of groups of 32 against s >= 2 tokens on VNNI: TOKEN_BLOCK tokens a
- * pass over the rows, tiles of four rows and up to four tokens, the last rows through
+ * sweep over the rows, tiles of four rows and up to four tokens, the last rows through
  * the row loop (ROW##_n). */
 #define Q4D_TILED(NAME, TARGET, TILE, ROW)                                                                           \
     __attribute__((target(TARGET))) static void NAME(const uint8_t *packed, const float *scale, int64_t rows,        \
