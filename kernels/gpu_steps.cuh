@@ -481,6 +481,16 @@ __device__ __noinline__ float row_dot_apart(const dev_weight &w, int64_t row, co
  * changes them), so an expert's pick waits on no load of its description. */
 #define EXPERT_TABLE 128
 
+/* A piece of a row of up to HELD words a lane in registers (HELD 2, 4 or ROW_HELD, the
+ * fewest that hold the piece, picked by launch_moe; every slot costs its instructions
+ * whether or not it holds a word): weight_row_dot's words path over words [first, end) with
+ * every word (and int4 scale) of the lane loaded before any is used, so a decode's
+ * expert rows wait for memory once, not once per few words. */
+#define ROW_HELD 8
+template <int FORMAT> __host__ __device__ inline int64_t piece_words(int64_t cols, int split) {
+    return (cols / fmt<FORMAT>::per_word + split - 1) / split;
+}
+
 /* Warps a row of moe_up_kernel: each dots its piece of the row's words, so a
  * decode's few rows spread over that many times the warps and each waits on that
  * fraction of the loads (one warp a row left a decode's grid on half the SMs, each
@@ -490,17 +500,7 @@ __device__ __noinline__ float row_dot_apart(const dev_weight &w, int64_t row, co
  * of two pays for both, so rows of two words a lane at four warps keep four
  * (bench/RESULTS.md). */
 template <int FORMAT> __host__ __device__ inline int moe_up_split(int64_t cols) {
-    return (cols / fmt<FORMAT>::per_word + 4 * WARP - 1) / (4 * WARP) > 2 ? 8 : 4;
-}
-
-/* A piece of a row of up to HELD words a lane in registers (HELD 2, 4 or ROW_HELD, the
- * fewest that hold the piece, picked by launch_moe; every slot costs its instructions
- * whether or not it holds a word): weight_row_dot's words path over words [first, end) with
- * every word (and int4 scale) of the lane loaded before any is used, so a decode's
- * expert rows wait for memory once, not once per few words. */
-#define ROW_HELD 8
-template <int FORMAT> __host__ __device__ inline int64_t piece_words(int64_t cols, int split) {
-    return (cols / fmt<FORMAT>::per_word + split - 1) / split;
+    return (piece_words<FORMAT>(cols, 4) + WARP - 1) / WARP > 2 ? 8 : 4;
 }
 template <int FORMAT, int HELD> __device__ inline bool row_held(const dev_weight &w, int split) {
     constexpr int PW = fmt<FORMAT>::per_word;
