@@ -137,6 +137,19 @@ static void prefill_layer_done(void *ctx, int64_t layer, int64_t layers) {
                   (long long)layer, (long long)layers);
 }
 
+typedef struct decode_progress {
+    progress *line;
+    int64_t tokens; /* in all, the first (the prefill's) included */
+    double start;
+} decode_progress;
+
+static void decode_tokens_done(void *ctx, int64_t done) {
+    const decode_progress *dp = ctx;
+    const double spent = coli_now() - dp->start;
+    progress_show(dp->line, "coli: decode: %lld of %lld tokens, %.1f tokens/s", (long long)(done + 1),
+                  (long long)dp->tokens, (double)done / (spent > 0 ? spent : 1e-9));
+}
+
 /* `, "key": {"linears": s, ..., "other": s}`: where `total` seconds of forwards went. */
 static void print_phases(FILE *f, const char *key, const double *phase, double total) {
     double rest = total;
@@ -345,16 +358,12 @@ int main(int argc, char **argv) {
         memset(m.phase_seconds, 0, sizeof m.phase_seconds);
         m.round_trips = 0;
         t_rest = coli_now();
-        for (long k = 1; k < generate; k++) {
-            if (model_next(&m, pred[k - 1], &pred[k], err, sizeof err)) {
-                progress_clear(&line);
-                fprintf(stderr, "coli: %s\n", err);
-                rc = EXIT_RUNTIME;
-                goto out;
-            }
-            const double spent = coli_now() - t_rest;
-            progress_show(&line, "coli: decode: %ld of %ld tokens, %.1f tokens/s", k + 1, generate,
-                          (double)k / (spent > 0 ? spent : 1e-9));
+        decode_progress dp = {&line, generate, t_rest};
+        if (model_generate(&m, pred[0], generate - 1, pred + 1, decode_tokens_done, &dp, err, sizeof err)) {
+            progress_clear(&line);
+            fprintf(stderr, "coli: %s\n", err);
+            rc = EXIT_RUNTIME;
+            goto out;
         }
         t_rest = coli_now() - t_rest;
     }

@@ -114,6 +114,15 @@ int model_forward_last(model *m, const int32_t *ids, int64_t n, float *logits, c
  * first maximum). Through the step only the id goes in and the argmax comes out. */
 int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
 
+/* Called as a decode goes on, with the tokens made so far. */
+typedef void (*model_progress)(void *ctx, int64_t tokens);
+/* Greedy decoding of `count` tokens after `id`: out[k] is the argmax after out[k - 1]
+ * (after id for k = 0), as model_next would give them one by one. Through the step
+ * the tokens stay on the device between steps and come back in batches; `done` (may
+ * be NULL) is called after each batch, or each token elsewhere. */
+int model_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
+                   size_t errlen);
+
 /* The whole step (model_step.c): after model_load with a backend, uploads what the
  * dense linears do not cover and records the steps. Returns non-zero with err on a
  * failure; 0 with `note` set when the step stays on the CPU (not every linear is
@@ -122,6 +131,8 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
 void model_step_free(model *m);
 int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, int last, char *err, size_t errlen);
 int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
+int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
+                        size_t errlen);
 int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one */
 
 /* What a decoded token reads (model_bytes.c): its weights wherever they are, in

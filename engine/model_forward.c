@@ -481,15 +481,21 @@ int model_forward_last(model *m, const int32_t *ids, int64_t n, float *logits, c
     return forward(m, ids, n, logits, 1, err, errlen);
 }
 
+/* Whether `count` tokens after `id` fit: the id in the vocabulary, the positions in the cache. */
+static int step_fits(const model *m, int32_t id, int64_t count, char *err, size_t errlen) {
+    if (id < 0 || id >= m->c.vocab)
+        snprintf(err, errlen, "token %d at position %lld is outside the vocabulary (0..%lld)", id, (long long)m->n_pos,
+                 (long long)(m->c.vocab - 1));
+    else if (count > m->max_pos - m->n_pos)
+        snprintf(err, errlen, "%lld tokens from position %lld reach past the cache of %lld positions", (long long)count,
+                 (long long)m->n_pos, (long long)m->max_pos);
+    else
+        return 1;
+    return 0;
+}
+
 int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen) {
-    if (m->step) {
-        if (id < 0 || id >= m->c.vocab || m->n_pos + 1 > m->max_pos) {
-            snprintf(err, errlen, "token %d at position %lld: outside the vocabulary (0..%lld) or the cache of %lld",
-                     id, (long long)m->n_pos, (long long)(m->c.vocab - 1), (long long)m->max_pos);
-            return 1;
-        }
-        return model_step_next(m, id, next, err, errlen);
-    }
+    if (m->step) return step_fits(m, id, 1, err, errlen) ? model_step_next(m, id, next, err, errlen) : 1;
     float *logits = malloc((size_t)m->c.vocab * sizeof *logits);
     if (!logits) {
         snprintf(err, errlen, "out of memory for the logits");
@@ -499,4 +505,14 @@ int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen) {
     if (!rc) *next = coli_argmax(logits, m->c.vocab);
     free(logits);
     return rc;
+}
+
+int model_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
+                   size_t errlen) {
+    if (m->step) return step_fits(m, id, count, err, errlen) ? model_step_generate(m, id, count, out, done, ctx, err, errlen) : 1;
+    for (int64_t k = 0; k < count; k++) {
+        if (model_next(m, k ? out[k - 1] : id, &out[k], err, errlen)) return 1;
+        if (done) done(ctx, k + 1);
+    }
+    return 0;
 }

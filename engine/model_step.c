@@ -12,6 +12,9 @@
 /* Tokens a prefill step takes at once: its activations and the attention's
  * selection mask ([tokens, max_pos] bytes) are sized for this many. */
 #define STEP_CHUNK 256
+/* Decode steps queued before the host reads their tokens: the device waits once a batch
+ * for the host's read and next launch, and a progress line moves once a batch. */
+#define GENERATE_BATCH 32
 
 typedef struct layer_dev {
     coli_ref in_norm, post_norm, q_a_norm, kv_a_norm, idx_k_norm_w, idx_k_norm_b, router_bias;
@@ -23,7 +26,7 @@ typedef struct layer_dev {
 
 /* Where each activation lives in the arena, in bytes. */
 typedef struct arena_map {
-    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, logits, ids, pred;
+    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, logits, ids, pred, kept;
     uint64_t bytes;
 } arena_map;
 
@@ -39,6 +42,7 @@ struct model_step {
     arena_map a;
     int64_t chunk;
     coli_step decode, prefill;     /* recorded for 1 and for `chunk` tokens */
+    int keeps;                     /* the decode step keeps its ids by position (keep_ids) */
     int64_t ops_per_token;         /* ops in the decode step */
     uint64_t added_bytes;          /* what the step added to the model's resident counts */
     int32_t added_tensors;
@@ -152,6 +156,7 @@ static void plan_arena(const model *m, int64_t n, arena_map *a) {
     CARVE(logits, n * c->vocab * 4);
     CARVE(ids, n * 4);
     CARVE(pred, n * 4);
+    CARVE(kept, m->max_pos * 4);
 #undef CARVE
     a->bytes = off;
 }
@@ -277,7 +282,12 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
     }
     add(&r, coli_op_rmsnorm(A(x), s->final_norm, A(h), n, H, H, H, eps));
     mm(&r, &m->lm_head, none(), A(h), A(logits), n);
-    add(&r, coli_op_argmax(A(logits), A(pred), n, c->vocab));
+    if (n == 1) { /* a decode: its token is the next one's id, and is kept where the host can read many at once */
+        add(&r, coli_op_argmax(A(logits), A(ids), n, c->vocab));
+        if (s->keeps) add(&r, coli_op_keep_ids(A(ids), A(kept), n));
+    } else {
+        add(&r, coli_op_argmax(A(logits), A(pred), n, c->vocab));
+    }
 #undef A
 #undef AT
     if (!r.failed && s->api->step_end(r.step)) r.failed = 1, fail(m, "step_end", err, errlen);
@@ -397,6 +407,7 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     }
     s->api = &b->api;
     s->chunk = chunk;
+    s->keeps = (int)(b->api.abi_version() & 0xFFFF) >= COLI_OP_KEEP_IDS_SINCE_MINOR;
     m->step = s;
     if (floats_of(m, m->embed, c->vocab * c->hidden, &s->embed, err, errlen) ||
         floats_of(m, m->final_norm, c->hidden, &s->final_norm, err, errlen) ||
@@ -462,8 +473,36 @@ int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errle
     model_step *s = m->step;
     if (run(m, s->decode, &id, 1, err, errlen)) return 1;
     m->round_trips++;
-    if (s->api->buffer_read(s->arena, s->a.pred, next, sizeof *next)) return fail(m, "buffer_read", err, errlen);
+    if (s->api->buffer_read(s->arena, s->a.ids, next, sizeof *next)) return fail(m, "buffer_read", err, errlen);
     m->n_pos++;
+    return 0;
+}
+
+int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
+                        size_t errlen) {
+    model_step *s = m->step;
+    if (!s->keeps) { /* a backend older than keep_ids: a round trip a token */
+        for (int64_t k = 0; k < count; k++) {
+            if (model_step_next(m, k ? out[k - 1] : id, &out[k], err, errlen)) return 1;
+            if (done) done(ctx, k + 1);
+        }
+        return 0;
+    }
+    /* Each decode feeds its token to the next on the device; the host queues a batch
+     * of steps, then reads the batch's tokens in one copy, which waits for them. */
+    if (s->api->buffer_write(s->arena, s->a.ids, &id, sizeof id)) return fail(m, "buffer_write", err, errlen);
+    m->round_trips++;
+    for (int64_t k = 0; k < count;) {
+        const int64_t batch = count - k < GENERATE_BATCH ? count - k : GENERATE_BATCH, first = m->n_pos;
+        for (int64_t j = 0; j < batch; j++)
+            if (s->api->step_run(s->decode, first + j)) return fail(m, "step_run", err, errlen);
+        m->n_pos += batch;
+        m->round_trips++;
+        if (s->api->buffer_read(s->arena, s->a.kept + (uint64_t)first * sizeof *out, out + k, (uint64_t)batch * sizeof *out))
+            return fail(m, "buffer_read", err, errlen);
+        k += batch;
+        if (done) done(ctx, k);
+    }
     return 0;
 }
 

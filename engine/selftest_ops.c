@@ -239,6 +239,27 @@ static void check_rows(coli_backend *b, op_check *checks, int *pn) {
         c->err = (double)differ_i32(got, ref, 4);
         END();
     }
+    if ((b->api.abi_version() & 0xFFFF) >= COLI_OP_KEEP_IDS_SINCE_MINOR) {
+        BEGIN("keep_ids", "3 rows at positions 2, 6, 11, new ids each run (a graph from the 2nd)");
+        enum { ROWS = 3, CAP = 16 };
+        const int64_t at[] = {2, 6, 11};
+        int32_t ref[CAP] = {0}, got[CAP];
+        coli_ref ids = put(&X, NULL, ROWS * 4), kept = put(&X, NULL, CAP * 4);
+        coli_step s = 0;
+        const coli_op op = coli_op_keep_ids(ids, kept, ROWS);
+        if (!c->status && !failed(&X, b->api.step_begin(&s)) && !failed(&X, b->api.step_add(s, &op)) &&
+            !failed(&X, b->api.step_end(s)))
+            for (int t = 0; t < 3 && !c->status; t++) {
+                int32_t v[ROWS];
+                for (int r = 0; r < ROWS; r++) v[r] = ref[at[t] + r] = 100 * (t + 1) + r;
+                if (!failed(&X, b->api.buffer_write(ids.buffer, 0, v, sizeof v))) failed(&X, b->api.step_run(s, at[t]));
+            }
+        if (s) b->api.step_free(s);
+        get(&X, kept, got, sizeof got);
+        c->exact = 1;
+        c->err = (double)differ_i32(got, ref, CAP);
+        END();
+    }
     *pn = n;
 }
 

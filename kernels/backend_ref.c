@@ -336,6 +336,11 @@ static coli_status run_op(const coli_rec_op *r, int64_t pos) {
         return COLI_OK;
     }
     case COLI_OP_MOE: return run_moe(r);
+    case COLI_OP_KEEP_IDS: {
+        const coli_keep_ids_operands a = coli_unpack_keep_ids(&r->op, p);
+        memmove(a.kept + pos, a.ids, (size_t)a.rows * sizeof *a.ids);
+        return COLI_OK;
+    }
     default: {
         const coli_argmax_operands a = coli_unpack_argmax(&r->op, p);
         for (int64_t row = 0; row < a.rows; row++) a.ids[row] = coli_argmax(a.logits + row * a.vocab, a.vocab);

@@ -104,6 +104,10 @@ static coli_status coli_op_reach(const coli_op *o, coli_weight *const *w, int64_
         a[0] = a[3] = i[0] * hid, a[1] = a[2] = i[0] * i[1];
         break;
     }
+    case COLI_OP_KEEP_IDS:
+        NEED(i[0] >= 1, "step_add: keep_ids: rows must be at least 1");
+        a[0] = a[1] = i[0], b[1] = 1;
+        break;
     default: /* COLI_OP_ARGMAX */
         NEED(i[0] >= 1 && i[1] >= 1, "step_add: argmax: rows and vocab must be at least 1");
         a[0] = i[0] * i[1], a[1] = i[0];

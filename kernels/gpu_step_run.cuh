@@ -439,6 +439,12 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
         break;
     }
     case COLI_OP_MOE: launch_moe_op(o, at, g, NULL, st); break;
+    case COLI_OP_KEEP_IDS: {
+        const coli_keep_ids_operands a = coli_unpack_keep_ids(&o->op, p);
+        launch_early(chain_calls(), keep_ids_kernel, dim3(blocks_for(a.rows)), dim3(STEP_THREADS), 0, st, a.ids, a.kept,
+            pos, a.rows);
+        break;
+    }
     default: {
         const coli_argmax_operands a = coli_unpack_argmax(&o->op, p);
         launch_early(chain_calls(), argmax_kernel, dim3((unsigned)a.rows), dim3(ARGMAX_THREADS), 0, st, a.logits,

@@ -259,6 +259,12 @@ __global__ void argmax_kernel(const float *logits, int32_t *ids, int vocab) {
     if (lane == 0) ids[blockIdx.x] = at < 0 ? 0 : at;
 }
 
+__global__ void keep_ids_kernel(const int32_t *ids, int32_t *kept, const int64_t *pos, int64_t rows) {
+    STEP_KERNEL_BEGIN();
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) kept[*pos + r] = ids[r];
+}
+
 /* ---- the router: a warp a row, coli_route's steps ------------------------------ */
 
 /* The two largest of a multiset, merged across the warp: the same two values in any order. */

@@ -137,6 +137,7 @@ class Op(_Model):
     ints: tuple[Identifier, ...] = ()
     floats: tuple[Identifier, ...] = ()
     tensors: str = Field("none", pattern="^(none|one|list)$")
+    since_minor: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _fits(self) -> Op:
@@ -195,6 +196,9 @@ class _AbiFile(_Model):
                 raise ValueError(f"function name '{f.name}' must be an identifier starting with '{self.abi.prefix}'")
             if f.since_minor > self.abi.minor:
                 raise ValueError(f"{f.name} is since minor {f.since_minor}, past the ABI's minor {self.abi.minor}")
+        for o in self.op:
+            if o.since_minor > self.abi.minor:
+                raise ValueError(f"op {o.name} is since minor {o.since_minor}, past the ABI's minor {self.abi.minor}")
         _distinct([f.name for f in self.function], "functions")
         _distinct([o.name for o in self.op], "ops")
         _distinct([o.value for o in self.op], "op values")

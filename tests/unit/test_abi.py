@@ -103,3 +103,10 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
         "status.0.value: Input should be a valid integer, unable to parse string as an integer (got 'one')",
         "function.0.returns: Field required",
     ]
+
+
+def test_an_op_since_a_minor_past_the_abis_is_an_error(tmp_path: Path) -> None:
+    fn = '[[function]]\nname = "coli_a"\nreturns = "int"\nargs = []\ndoc = "a"\n'
+    op = '[[op]]\nname = "later"\nvalue = 1\nsince_minor = 1\ndoc = "b"\nrefs = []\n'
+    with pytest.raises(ConfigError, match="op later is since minor 1, past the ABI's minor 0"):
+        load_abi(_write(tmp_path, fn + op))
