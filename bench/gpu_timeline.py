@@ -9,7 +9,8 @@ in end order, and each piece is charged to the kernel that ended there: what the
 device was finishing at that moment, so the pieces add up to the token's time and
 parallel streams are not counted twice. Printed: per kernel name, kernels a token,
 their mean duration, and the median of each replay's charged time; also the time in
-each span with no kernel running. With --dump FILE, the replay of median span is
+each span with no kernel running, and the median time from one replay's start to the
+next's (the span and the wait between tokens). With --dump FILE, the replay of median span is
 written there kernel by kernel in start order (start and end from the span's
 start, duration, stream, name), to read a token's critical path off it.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import re
 import shutil
 import statistics
@@ -99,6 +101,9 @@ def main() -> None:
         raise SystemExit(f"{args.trace}: no graph replays after a set_position_kernel")
     size = collections.Counter(len(t) for t in steps).most_common(1)[0][0]
     replays = [t for t in steps if len(t) == size][args.skip :]
+    # start to start of consecutive replays: the span plus the device's wait between two tokens
+    starts = [min(k[0] for k in t) if len(t) == size else None for t in steps][args.skip :]
+    periods = [b - a for a, b in itertools.pairwise(starts) if a is not None and b is not None]
     if not replays:
         raise SystemExit(f"{args.trace}: fewer than {args.skip + 1} replays of {size} kernels")
     per_name: dict[str, list[float]] = collections.defaultdict(list)
@@ -119,6 +124,9 @@ def main() -> None:
         f"{len(replays)} replays of {size} kernels on {len({k[2] for k in replays[0]})} streams: "
         f"median span {span / 1e3:.1f} us, idle {statistics.median(idles) / 1e3:.1f} us"
     )
+    if periods:
+        period = statistics.median(periods)
+        print(f"median start to start {period / 1e3:.1f} us: {(period - span) / 1e3:.1f} us between replays")
     print(f"{'kernel':34} {'a token':>7} {'mean us':>8} {'charged us':>10} {'share':>6}")
     rows = sorted(per_name, key=lambda n: -statistics.median(per_name[n]))
     for name in rows:
