@@ -422,6 +422,14 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     if (record(m, 1, &s->decode, &s->ops_per_token, err, errlen)) goto fail;
     int64_t ops = 0;
     if (chunk > 1 && record(m, chunk, &s->prefill, &ops, err, errlen)) goto fail;
+    /* The decode step run twice before any prompt, so that a backend's first runs (the GPU
+     * backend launches its kernels on the first and captures them as a graph on the
+     * second) fall into the load and not into a decode: what they write at position 0
+     * the prompt overwrites before anything reads it. */
+    int32_t warm;
+    for (int k = 0; k < 2; k++)
+        if (s->api->step_run(s->decode, 0)) goto failed_run;
+    if (s->api->buffer_read(s->arena, s->a.ids, &warm, sizeof warm)) goto failed_run;
     for (int64_t l = 0; l < c->layers; l++) { /* the caches live in the backend now */
         layer *ly = &m->layers[l];
         free(ly->k_cache), free(ly->kr_cache), free(ly->v_cache), free(ly->ik_cache);
@@ -429,6 +437,8 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     }
     m->round_trips = 0;
     return 0;
+failed_run:
+    fail(m, "warming the decode step", err, errlen);
 fail:
     model_step_free(m);
     return 1;
