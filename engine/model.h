@@ -124,7 +124,8 @@ int model_generate(model *m, int32_t id, int64_t count, int32_t *out, model_prog
                    size_t errlen);
 
 /* The whole step (model_step.c): after model_load with a backend, uploads what the
- * dense linears do not cover and records the steps. Returns non-zero with err on a
+ * dense linears do not cover, records the steps and runs the decode step twice at
+ * position 0 (so that a backend's first runs are not a decode's). Returns non-zero with err on a
  * failure; 0 with `note` set when the step stays on the CPU (not every linear is
  * resident, or the device has too little free memory: the note gives the bytes). */
 int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t errlen);

@@ -508,7 +508,8 @@ int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model
             if (s->api->step_run(s->decode, first + j)) return fail(m, "step_run", err, errlen);
         m->n_pos += batch;
         m->round_trips++;
-        if (s->api->buffer_read(s->arena, s->a.kept + (uint64_t)first * sizeof *out, out + k, (uint64_t)batch * sizeof *out))
+        const uint64_t from = s->a.kept + (uint64_t)first * sizeof *out;
+        if (s->api->buffer_read(s->arena, from, out + k, (uint64_t)batch * sizeof *out))
             return fail(m, "buffer_read", err, errlen);
         k += batch;
         if (done) done(ctx, k);
