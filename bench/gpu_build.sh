@@ -13,7 +13,9 @@ mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
-  git log -1 --format='%H %s' 2>/dev/null
+  # the tree as bench/gpu_ab_pack.sh found it here, where it ran; else the copy's history
+  if [[ -f ${AB_DIR:-.ab}/tree.txt ]]; then echo "tree: $(cat "${AB_DIR:-.ab}/tree.txt")"
+  else git log -1 --format='%H %s' 2>/dev/null; fi
 } | tee "$out/device.txt"
 if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard, cyclonedx" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
