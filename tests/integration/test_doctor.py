@@ -75,7 +75,13 @@ class Doctor:
             warm(["wine"])
         proc = subprocess.run(argv, capture_output=True, env=full, timeout=120)
         out = proc.stdout.decode("utf-8", "replace").replace("\r\n", "\n")
-        return proc.returncode, out if text else json.loads(out), proc.stderr.decode("utf-8", "replace")
+        err = proc.stderr.decode("utf-8", "replace")
+        if text:
+            return proc.returncode, out, err
+        try:
+            return proc.returncode, json.loads(out), err
+        except json.JSONDecodeError:  # the run's own words, not only the parser's
+            raise AssertionError(f"{argv}: exit {proc.returncode}, no JSON in {out!r}; stderr: {err!r}") from None
 
 
 def bundle(where: Path, *, compress: bool) -> Path:
