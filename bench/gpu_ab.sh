@@ -8,7 +8,9 @@
 # QUANTS ("int8 int4"), REPEAT times (3), and 64 tokens after a 4,000-token prompt at
 # each of LONG ("int8"), LONG_REPEAT times (2). Lines in ${OUT:-bench/out}/ab.jsonl
 # (build, quant, prompt, tok/s, prefill seconds, the generated tokens' hash), then
-# each build's medians (decode tok/s and prefill seconds).
+# each build's medians (decode tok/s and prefill seconds). CHECKS=1 then runs the
+# tree's selftest (gpu shapes) alone and under compute-sanitizer (bench/gpu_sanitize.sh),
+# and the script exits 1 where any of them fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_build.sh || exit 1
@@ -51,3 +53,11 @@ for _ in $(seq "${LONG_REPEAT:-2}"); do
   done
 done
 python3 bench/decode_medians.py "$out/ab.jsonl" --by quant,prompt,build --value tok_s --also prefill_s
+if [[ -n ${CHECKS:-} ]]; then
+  rc=0
+  "$HOST" --backend "$LIB" --selftest --shapes gpu > "$out/selftest.txt" 2>&1 || rc=1
+  grep -E "passed|FAIL" "$out/selftest.txt"
+  source bench/gpu_sanitize.sh
+  sanitize --shapes gpu
+  exit "$rc"
+fi

@@ -11,21 +11,8 @@ source bench/gpu_build.sh || exit 1
 grep -E "^validate|^  (ok|FAIL)" "$out/build.txt"
 "$HOST" --backend "$LIB" --selftest --shapes gpu | tee "$out/selftest.txt"
 rc=${PIPESTATUS[0]}
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --leak-check full "$HOST" --backend "$LIB" --selftest --shapes gpu \
-    > "$out/memcheck.txt" 2>&1
-  # the selftest's out-of-memory case makes cudaMalloc fail on purpose: API errors are listed, not memory
-  # errors; any error beyond them fails the check
-  errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$out/memcheck.txt" | grep -o '[0-9]*')
-  api=$(grep -c 'Program hit' "$out/memcheck.txt")
-  echo "memcheck: ${errors:-no summary} error(s), $api of them the deliberate API errors"
-  [[ -n $errors && $errors == "$api" ]] || rc=1
-  compute-sanitizer --tool racecheck "$HOST" --backend "$LIB" --selftest --shapes gpu \
-    > "$out/racecheck.txt" 2>&1
-  summary=$(grep -m1 'RACECHECK SUMMARY' "$out/racecheck.txt")
-  echo "racecheck: ${summary:-no summary}"
-  [[ $summary == *": 0 hazards displayed (0 errors, 0 warnings)"* ]] || rc=1
-fi
+source bench/gpu_sanitize.sh
+sanitize --shapes gpu
 echo "selftest and sanitizers exit $rc"
 # the engine on the reference models: CPU vs oracle, CUDA vs CPU at f32/int8/int4, greedy via CUDA
 python3 bench/gpu_validate.py "$HOST" "$LIB" "$out/validate.json" || rc=1

@@ -16,17 +16,8 @@ grep -E "^validate|^  (ok|FAIL)" "$out/build.txt"
 rc=0
 "$HOST" --backend "$LIB" --selftest > "$out/selftest.txt" || rc=1
 grep -E "^  op |passed|FAILED" "$out/selftest.txt"
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --leak-check full "$HOST" --backend "$LIB" --selftest > "$out/memcheck.txt" 2>&1
-  errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$out/memcheck.txt" | grep -o '[0-9]*')
-  api=$(grep -c 'Program hit' "$out/memcheck.txt")
-  echo "memcheck: ${errors:-no summary} error(s), $api of them the deliberate API errors"
-  [[ -n $errors && $errors == "$api" ]] || rc=1
-  compute-sanitizer --tool racecheck "$HOST" --backend "$LIB" --selftest > "$out/racecheck.txt" 2>&1
-  summary=$(grep -m1 'RACECHECK SUMMARY' "$out/racecheck.txt")
-  echo "racecheck: ${summary:-no summary}"
-  [[ $summary == *": 0 hazards displayed (0 errors, 0 warnings)"* ]] || rc=1
-fi
+source bench/gpu_sanitize.sh
+sanitize
 python3 bench/gpu_validate.py "$HOST" "$LIB" "$out/validate.json" || rc=1
 # the device's copy bandwidth (device to device, 1 GiB, median of 20), for the limits below
 python3 - > "$out/copy.json" <<'EOF'
