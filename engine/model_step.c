@@ -26,7 +26,7 @@ typedef struct layer_dev {
 
 /* Where each activation lives in the arena, in bytes. */
 typedef struct arena_map {
-    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, logits, ids, pred, kept;
+    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, logits, ids, kept;
     uint64_t bytes;
 } arena_map;
 
@@ -155,7 +155,6 @@ static void plan_arena(const model *m, int64_t n, arena_map *a) {
     CARVE(sel, n * m->max_pos);
     CARVE(logits, n * c->vocab * 4);
     CARVE(ids, n * 4);
-    CARVE(pred, n * 4);
     CARVE(kept, m->max_pos * 4);
 #undef CARVE
     a->bytes = off;
@@ -285,9 +284,7 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
     if (n == 1) { /* a decode: its token is the next one's id, and is kept where the host can read many at once */
         add(&r, coli_op_argmax(A(logits), A(ids), n, c->vocab));
         if (s->keeps) add(&r, coli_op_keep_ids(A(ids), A(kept), n));
-    } else {
-        add(&r, coli_op_argmax(A(logits), A(pred), n, c->vocab));
-    }
+    } /* a prefill gives back its logits, of which the host takes what it needs */
 #undef A
 #undef AT
     if (!r.failed && s->api->step_end(r.step)) r.failed = 1, fail(m, "step_end", err, errlen);
