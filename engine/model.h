@@ -132,8 +132,10 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
 void model_step_free(model *m);
 int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, int last, char *err, size_t errlen);
 int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen);
+/* model_generate's batches, where model_step_batches: the backend has keep_ids */
 int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
                         size_t errlen);
+int model_step_batches(const model *m);
 int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one */
 
 /* What a decoded token reads (model_bytes.c): its weights wherever they are, in

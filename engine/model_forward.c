@@ -509,9 +509,9 @@ int model_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen) {
 
 int model_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
                    size_t errlen) {
-    if (m->step)
+    if (model_step_batches(m))
         return step_fits(m, id, count, err, errlen) ? model_step_generate(m, id, count, out, done, ctx, err, errlen) : 1;
-    for (int64_t k = 0; k < count; k++) {
+    for (int64_t k = 0; k < count; k++) { /* a token a call: the CPU path, or a backend older than keep_ids */
         if (model_next(m, k ? out[k - 1] : id, &out[k], err, errlen)) return 1;
         if (done) done(ctx, k + 1);
     }

@@ -488,13 +488,6 @@ int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errle
 int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model_progress done, void *ctx, char *err,
                         size_t errlen) {
     model_step *s = m->step;
-    if (!s->keeps) { /* a backend older than keep_ids: a round trip a token */
-        for (int64_t k = 0; k < count; k++) {
-            if (model_step_next(m, k ? out[k - 1] : id, &out[k], err, errlen)) return 1;
-            if (done) done(ctx, k + 1);
-        }
-        return 0;
-    }
     /* Each decode feeds its token to the next on the device; the host queues a batch
      * of steps, then reads the batch's tokens in one copy, which waits for them. */
     if (s->api->buffer_write(s->arena, s->a.ids, &id, sizeof id)) return fail(m, "buffer_write", err, errlen);
@@ -515,3 +508,5 @@ int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model
 }
 
 int64_t model_step_ops(const model *m) { return m->step ? m->step->ops_per_token : 0; }
+
+int model_step_batches(const model *m) { return m->step && m->step->keeps; }
