@@ -163,6 +163,15 @@ __device__ inline void coli_wait_prior_grid(void) {
 #endif
 }
 
+/* Asks the 128-byte line at p into this SM's L1 (CUDA); elsewhere nothing. */
+__device__ inline void coli_prefetch_l1(const void *p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
 /* The largest of a warp's 32 values: redux.sync on sm_80 and later, lane exchanges elsewhere. */
 __device__ inline uint32_t coli_warp_max(uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -1158,7 +1158,7 @@ __device__ inline float columns_sum(float a, float *acc, int64_t width) {
 __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_kernel(const float *q, const float *k, const float *v, const uint8_t *sel, float *part,
                                    int32_t *counts, float *attn, const int64_t *pos, int64_t heads, int64_t qk,
                                    int64_t vdim, int64_t stride, float scaling) {
-    STEP_KERNEL_BEGIN();
+    coli_allow_next_grid(); /* the wait is below, after the earlier rows are asked for */
     __shared__ float red[32], p[ATTEND_CHUNK], acc[STEP_THREADS];
     /* 32-bit divisions here and below: a 64-bit one is a long software routine on a GPU */
     const int64_t pair = blockIdx.x, row = blockIdx.x / (uint32_t)heads, h = blockIdx.x % (uint32_t)heads;
@@ -1176,6 +1176,20 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
     const int64_t groups = vdim <= (int64_t)blockDim.x ? blockDim.x / (uint32_t)vdim : 0;
     const int64_t g = groups ? threadIdx.x / (uint32_t)vdim : 0, d = groups ? threadIdx.x % (uint32_t)vdim : 0;
     const bool v_held = groups && t1 - t0 < groups * ATTEND_V_HELD;
+    /* The span's rows before the step's position were written by earlier steps, and the
+     * position by a kernel the graph's first waited for: they are asked into L1 while the
+     * kernels before this one end, so the loads after the wait find them near. */
+    {
+        const int64_t end = t1 < *pos ? t1 : *pos - 1, k_lines = (qk * 4 + 127) / 128, v_lines = (vdim * 4 + 127) / 128;
+        const uint32_t per = (uint32_t)(k_lines + v_lines);
+        const int64_t lines = end >= t0 ? (end - t0 + 1) * per : 0;
+        for (int64_t n = threadIdx.x; n < lines; n += blockDim.x) {
+            const int64_t t = t0 + (uint32_t)n / per, l = (uint32_t)n % per;
+            const float *r = l < k_lines ? k + (t * heads + h) * qk : v + (t * heads + h) * vdim;
+            coli_prefetch_l1((const char *)r + (l < k_lines ? l : l - k_lines) * 128);
+        }
+    }
+    coli_wait_prior_grid();
     float vh[ATTEND_V_HELD];
 #pragma unroll
     for (int j = 0; j < ATTEND_V_HELD; j++) {
