@@ -1148,6 +1148,43 @@ __device__ inline float columns_sum(float a, float *acc, int64_t width) {
     return total;
 }
 
+/* attend_part_kernel's scores of keys t0..t1 into p[t - t0] (-inf where not selected),
+ * a warp ATTEND_KEYS keys at a time. CHOSEN (a long query's): `flags` is the span's
+ * selection in shared memory, by t - t0, and only a selected key's row is read; else
+ * `flags` is the query's selection, by t, and every key's row is read, so that no load
+ * waits on its selection byte's. Two instances, not a flag: a run-time choice let the
+ * key's loads wait on the byte in both. */
+template <bool CHOSEN>
+__device__ inline void attend_scores(const float *qr, const float *k, const uint8_t *flags, float *p, int64_t t0,
+                                     int64_t t1, int64_t heads, int64_t h, int64_t qk, float scaling) {
+    constexpr int G = WARP / ATTEND_KEYS; /* lanes a key */
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP, sub = lane % G;
+    for (int64_t base = t0 + warp * ATTEND_KEYS; base <= t1; base += nw * ATTEND_KEYS) {
+        const int64_t t = base + lane / G;
+        const bool in = t <= t1, on = in && flags[CHOSEN ? t - t0 : t];
+        float d = 0.0f;
+        if (CHOSEN ? on : in) {
+            const float *kt = k + (t * heads + h) * qk;
+            if (qk <= G * ATTEND_QK_HELD) { /* every load of the row in flight at once, then the sum */
+                float qv[ATTEND_QK_HELD], kv[ATTEND_QK_HELD];
+#pragma unroll
+                for (int j = 0; j < ATTEND_QK_HELD; j++) {
+                    const int64_t i = sub + j * G;
+                    qv[j] = i < qk ? qr[i] : 0.0f, kv[j] = i < qk ? kt[i] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < ATTEND_QK_HELD; j++)
+                    if (sub + j * G < qk) d += qv[j] * kv[j];
+            } else {
+                for (int64_t i = sub; i < qk; i += G) d += qr[i] * kt[i];
+            }
+        }
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) d += COLI_SHFL_XOR(d, o);
+        if (in && sub == 0) p[t - t0] = on ? d * scaling : -INFINITY;
+    }
+}
+
 /* One block per (row, head, span of keys): the span's selected scores, their max
  * m, sum of exp(score - m) and the exp-weighted v, into part[(pair, chunk)] as
  * [m, sum, v...] (span: attend_span); a span with no selected key has sum 0. The spans past the query
@@ -1176,10 +1213,13 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
     const int64_t groups = vdim <= (int64_t)blockDim.x ? blockDim.x / (uint32_t)vdim : 0;
     const int64_t g = groups ? threadIdx.x / (uint32_t)vdim : 0, d = groups ? threadIdx.x % (uint32_t)vdim : 0;
     const bool v_held = groups && t1 - t0 < groups * ATTEND_V_HELD;
-    /* The span's rows before the step's position were written by earlier steps, and the
-     * position by a kernel the graph's first waited for: they are asked into L1 while the
-     * kernels before this one end, so the loads after the wait find them near. */
-    {
+    /* A short query's span's rows before the step's position were written by earlier
+     * steps, and the position by a kernel the graph's first waited for: they are asked
+     * into L1 while the kernels before this one end, so the loads after the wait find
+     * them near. A long query's keys are many, and not all selected: only the selected
+     * keys' rows are read, after the wait (below). */
+    const bool long_q = last >= ATTEND_CHUNK;
+    if (!long_q) {
         const int64_t end = t1 < *pos ? t1 : *pos - 1, k_lines = (qk * 4 + 127) / 128, v_lines = (vdim * 4 + 127) / 128;
         const uint32_t per = (uint32_t)(k_lines + v_lines);
         const int64_t lines = end >= t0 ? (end - t0 + 1) * per : 0;
@@ -1190,38 +1230,19 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
         }
     }
     coli_wait_prior_grid();
+    __shared__ uint8_t chosen[ATTEND_CHUNK]; /* a long query's span's selection, read once */
+    if (long_q) {
+        for (int64_t t = t0 + threadIdx.x; t <= t1; t += blockDim.x) chosen[t - t0] = sr[t];
+        __syncthreads();
+    }
     float vh[ATTEND_V_HELD];
 #pragma unroll
     for (int j = 0; j < ATTEND_V_HELD; j++) {
         const int64_t t = t0 + g + j * groups;
         vh[j] = v_held && g < groups && t <= t1 ? v[(t * heads + h) * vdim + d] : 0.0f;
     }
-    constexpr int G = WARP / ATTEND_KEYS; /* lanes a key */
-    const int sub = lane % G;
-    for (int64_t base = t0 + warp * ATTEND_KEYS; base <= t1; base += nw * ATTEND_KEYS) {
-        const int64_t t = base + lane / G;
-        const bool in = t <= t1, on = in && sr[t];
-        float d = 0.0f;
-        if (in) { /* the key's row is read whether or not it is selected: no load waits on sel's */
-            const float *kt = k + (t * heads + h) * qk;
-            if (qk <= G * ATTEND_QK_HELD) { /* every load of the row in flight at once, then the sum */
-                float qv[ATTEND_QK_HELD], kv[ATTEND_QK_HELD];
-#pragma unroll
-                for (int j = 0; j < ATTEND_QK_HELD; j++) {
-                    const int64_t i = sub + j * G;
-                    qv[j] = i < qk ? qr[i] : 0.0f, kv[j] = i < qk ? kt[i] : 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < ATTEND_QK_HELD; j++)
-                    if (sub + j * G < qk) d += qv[j] * kv[j];
-            } else {
-                for (int64_t i = sub; i < qk; i += G) d += qr[i] * kt[i];
-            }
-        }
-#pragma unroll
-        for (int o = G / 2; o > 0; o >>= 1) d += COLI_SHFL_XOR(d, o);
-        if (in && sub == 0) p[t - t0] = on ? d * scaling : -INFINITY;
-    }
+    if (long_q) attend_scores<true>(qr, k, chosen, p, t0, t1, heads, h, qk, scaling);
+    else attend_scores<false>(qr, k, sr, p, t0, t1, heads, h, qk, scaling);
     __syncthreads();
     /* A span of a warp's keys or fewer (a short decode's): every warp takes the max, the
      * exps and their sum itself, lane l key t0 + l, the same values and sums as the
@@ -1265,7 +1286,10 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
             }
         } else if (g < groups) {
 #pragma unroll 4
-            for (int64_t t = t0 + g; t <= t1; t += groups) a += p[t - t0] * v[(t * heads + h) * vdim + d];
+            for (int64_t t = t0 + g; t <= t1; t += groups) {
+                const float pt = p[t - t0]; /* 0 for a key not selected: its v is not read */
+                if (pt != 0.0f) a += pt * v[(t * heads + h) * vdim + d];
+            }
         }
         const float total = columns_sum(a, acc, vdim);
         if (threadIdx.x < vdim) {
