@@ -1206,7 +1206,7 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
     float *pp = part + pair * gridDim.y * (vdim + 2), *out = pp + blockIdx.y * (vdim + 2);
     const float *qr = q + pair * qk;
     const uint8_t *sr = sel + row * stride;
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     /* the weighted v below: groups of vdim threads take every groups-th key; where the
      * span's v fits ATTEND_V_HELD values a thread, they are loaded now, beside the keys,
      * so the sum waits for no load after the softmax */
