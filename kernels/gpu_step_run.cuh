@@ -543,7 +543,8 @@ static coli_status launch_ops(const coli_rec *r, const gpu_rec *g) {
 /* The captured graph made executable. Captured, every dependency between kernels is
  * already programmatic where the later one was launched early (it waits inside for the
  * grids before it, coli_wait_prior_grid), across streams too: an H200 run that counted
- * the graph's edges found all 788 of a decode's so, and none left to convert. */
+ * the graph's edges found all 788 of a decode's so, and none left to convert. Only on
+ * one stream does the later kernel launch before the earlier ends (bench/RESULTS.md). */
 static coli_status instantiate_step(gpu_rec *g) {
     GPU_CHECK(cudaGraphInstantiateWithFlags(&g->exec, g->graph, 0));
     return COLI_OK;
