@@ -226,6 +226,8 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
         const layer_dev *d = &s->layers[l];
         const int full = c->indexer_full[l];
         add(&r, coli_op_rmsnorm(A(x), d->in_norm, A(h), n, H, H, H, eps));
+        /* The norm's readers in this order: the first continues the norm's stream, and
+         * q_a first decoded fastest of the orders measured (bench/RESULTS.md) */
         mm(&r, &ly->q_a, d->bias_q_a, A(h), A(qa), n);
         mm(&r, &ly->kv_a, d->bias_kv_a, A(h), A(ckv), n);
         if (full) mm(&r, &ly->idx_k, none(), A(h), A(ik), n);
