@@ -232,8 +232,8 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
         mm(&r, &ly->kv_a, d->bias_kv_a, A(h), A(ckv), n);
         if (full) mm(&r, &ly->idx_k, none(), A(h), A(ik), n);
         add(&r, coli_op_rmsnorm(A(qa), d->q_a_norm, A(qr), n, c->q_lora, c->q_lora, c->q_lora, 1e-6f));
-        mm(&r, &ly->q_b, none(), A(qr), A(q), n);
         if (full) mm(&r, &ly->idx_q, none(), A(qr), A(iq), n);
+        mm(&r, &ly->q_b, none(), A(qr), A(q), n);
         add(&r, coli_op_rmsnorm(A(ckv), d->kv_a_norm, A(kvn), n, c->kv_lora, kvw, c->kv_lora, 1e-6f));
         add(&r, coli_op_rope(AT(ckv, c->kv_lora), s->inv_freq, n, 1, kvw, 0, c->qk_rope));
         add(&r, coli_op_rope(AT(q, c->qk_nope), s->inv_freq, n, NH, NH * qk, qk, c->qk_rope));
