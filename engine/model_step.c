@@ -232,7 +232,8 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
         mm(&r, &ly->kv_a, d->bias_kv_a, A(h), A(ckv), n);
         if (full) mm(&r, &ly->idx_k, none(), A(h), A(ik), n);
         add(&r, coli_op_rmsnorm(A(qa), d->q_a_norm, A(qr), n, c->q_lora, c->q_lora, c->q_lora, 1e-6f));
-        /* idx_q before q_b: the indexer's chain is attention's longest input (bench/RESULTS.md) */
+        /* idx_q before q_b: traced, the indexer's chain ended last of attention's inputs,
+         * and this order decoded faster (bench/RESULTS.md) */
         if (full) mm(&r, &ly->idx_q, none(), A(qr), A(iq), n);
         mm(&r, &ly->q_b, none(), A(qr), A(q), n);
         add(&r, coli_op_rmsnorm(A(ckv), d->kv_a_norm, A(kvn), n, c->kv_lora, kvw, c->kv_lora, 1e-6f));
