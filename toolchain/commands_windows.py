@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import PureWindowsPath
 
-from .command_data import GPU_SOURCES, ROCM_VARIABLES, cuda_gencode
+from .command_data import GPU_SOURCES, NVCC_THREADS, ROCM_VARIABLES, cuda_gencode
 from .msvc import Msvc
 from .windows_sdk import WinHipSdk
 
@@ -73,7 +73,7 @@ def windows_cuda_argv(
 ) -> list[str]:
     gencode = cuda_gencode(arches)
     return [
-        str(nvcc), "-std=c++17", *gpu_flags, "-shared",
+        str(nvcc), "-std=c++17", *gpu_flags, *NVCC_THREADS, "-shared",
         "-Xcompiler", "/MT", "-Xcompiler", "/Brepro",
         "-Xlinker", f"/DEF:{gen_dir / 'coli_backend.def'}", "-Xlinker", "/Brepro",
         *gencode,

@@ -45,6 +45,8 @@ def test_cuda_command_has_sass_per_arch_and_ptx_for_the_newest(tmp_path: Path) -
     # compiled apart so no temporary file name reaches the library
     (compile_step,) = cmd.before
     assert "-c" in compile_step and "-objtemp" in compile_step and "-frandom-seed=coli_backend_gpu" in compile_step
+    # the arches compiled side by side (the same bytes as one at a time)
+    assert compile_step[compile_step.index("--threads") + 1] == "0"
     obj = compile_step[compile_step.index("-o") + 1]
     assert obj in argv and Path(obj).parent in cmd.mkdirs
 

@@ -154,8 +154,8 @@ def test_cuda_dll_command_golden(arches: tuple[str, ...]) -> None:
     src = PureWindowsPath(r"D:\src\coli")
     argv = windows_cuda_argv(PureWindowsPath(r"C:\CUDA\v13.0\bin\nvcc.exe"), arches, src, src / "build/gen",
                              src / "out/coli_cuda.dll", ("-O2",))  # fmt: skip
-    assert argv[:4] == [r"C:\CUDA\v13.0\bin\nvcc.exe", "-std=c++17", "-O2", "-shared"]
-    assert argv[4:6] == ["-Xcompiler", "/MT"] and r"/DEF:D:\src\coli\build\gen\coli_backend.def" in argv
+    assert argv[:6] == [r"C:\CUDA\v13.0\bin\nvcc.exe", "-std=c++17", "-O2", "--threads", "0", "-shared"]
+    assert argv[6:8] == ["-Xcompiler", "/MT"] and r"/DEF:D:\src\coli\build\gen\coli_backend.def" in argv
     codes = [argv[i + 1] for i, a in enumerate(argv) if a == "-gencode"]
     assert codes[-1] == f"arch=compute_{arches[-1][3:]},code=[{arches[-1]},compute_{arches[-1][3:]}]"
     assert argv[-2:] == ["-o", r"D:\src\coli\out\coli_cuda.dll"]
