@@ -1,5 +1,7 @@
 #include "pool.h"
 
+#include "clock.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -8,6 +10,15 @@
  * issues hundreds of small jobs, and a futex wake-up per job costs more than
  * the job. */
 #define SPIN_POLLS 200000
+
+/* The threads' shares of a job follow their measured speeds (rows a microsecond, an
+ * average over jobs long enough to time): two threads given equal halves end apart
+ * when one of them runs slower (a busier core), and the other then waits. */
+#define MAX_SHARED 256
+#define TIMED_US 20.0 /* jobs whose slowest share took less are not timed */
+#define RATE_KEEP 0.9 /* an average's weight against the latest job */
+#define RATE_LEAST 0.2 /* a job's speeds, relative to their mean, bounded */
+#define RATE_MOST 5.0
 
 struct pool {
     int n; /* workers; the caller is one more */
@@ -20,12 +31,17 @@ struct pool {
     atomic_int stop;
     pool_fn fn;
     void *ctx;
-    int64_t total;
+    int64_t cut[MAX_SHARED + 1]; /* thread i's rows are [cut[i], cut[i + 1]) */
+    double took[MAX_SHARED];     /* microseconds thread i spent on them */
+    double rate[MAX_SHARED];     /* thread i's speed, relative */
 };
 
-static void slice(int64_t n, int parts, int i, int64_t *b, int64_t *e) {
-    *b = n * i / parts;
-    *e = n * (i + 1) / parts;
+/* Thread i's rows run, and timed. */
+static void run_share(pool *p, int i) {
+    const int64_t b = p->cut[i], e = p->cut[i + 1];
+    const double t0 = coli_now();
+    if (b < e) p->fn(p->ctx, b, e);
+    p->took[i] = (coli_now() - t0) * 1e6;
 }
 
 typedef struct {
@@ -51,9 +67,7 @@ static void *worker(void *arg) {
         }
         if (atomic_load(&p->stop)) break;
         seen = gen;
-        int64_t b, e;
-        slice(p->total, p->n + 1, w->index + 1, &b, &e);
-        if (b < e) p->fn(p->ctx, b, e);
+        run_share(p, w->index + 1);
         if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
@@ -66,6 +80,7 @@ static void *worker(void *arg) {
 
 pool *pool_create(int threads) {
     if (threads <= 1) return NULL;
+    if (threads > MAX_SHARED) threads = MAX_SHARED;
     pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->threads = calloc((size_t)threads - 1, sizeof *p->threads);
@@ -80,6 +95,7 @@ pool *pool_create(int threads) {
     atomic_init(&p->pending, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
+    for (int i = 0; i < MAX_SHARED; i++) p->rate[i] = 1.0;
     for (int i = 0; i < threads - 1; i++) {
         worker_arg *w = malloc(sizeof *w);
         if (!w) break;
@@ -110,25 +126,57 @@ void pool_destroy(pool *p) {
 
 int pool_threads(const pool *p) { return p ? p->n + 1 : 1; }
 
+/* The rows' cuts by the threads' rates; every thread gets at least one row where
+ * there are enough. */
+static void cut_rows(pool *p, int64_t n) {
+    const int parts = p->n + 1;
+    double sum = 0.0, run = 0.0;
+    for (int i = 0; i < parts; i++) sum += p->rate[i];
+    p->cut[0] = 0;
+    for (int i = 0; i < parts; i++) {
+        run += p->rate[i];
+        int64_t c = i + 1 == parts ? n : (int64_t)((double)n * run / sum + 0.5);
+        const int64_t least = p->cut[i] + (n >= parts), most = n - (n >= parts ? parts - 1 - i : 0);
+        p->cut[i + 1] = c < least ? least : c > most ? most : c;
+    }
+}
+
+/* Each thread's rows a microsecond in this job, into its average rate, where every
+ * share had rows and the job was long enough to time. */
+static void learn_rates(pool *p) {
+    const int parts = p->n + 1;
+    double speed[MAX_SHARED], mean = 0.0, slowest = 0.0;
+    for (int i = 0; i < parts; i++) {
+        const int64_t rows = p->cut[i + 1] - p->cut[i];
+        if (rows <= 0 || p->took[i] <= 0.0) return;
+        if (p->took[i] > slowest) slowest = p->took[i];
+        speed[i] = (double)rows / p->took[i];
+        mean += speed[i] / parts;
+    }
+    if (slowest < TIMED_US) return;
+    for (int i = 0; i < parts; i++) { /* one odd job (a thread descheduled) moves a rate a bounded step */
+        const double rel = speed[i] / mean, bounded = rel < RATE_LEAST ? RATE_LEAST : rel > RATE_MOST ? RATE_MOST : rel;
+        p->rate[i] = RATE_KEEP * p->rate[i] + (1.0 - RATE_KEEP) * bounded;
+    }
+}
+
 void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n) {
     if (!p || p->n == 0 || n < 2) {
         if (n > 0) fn(ctx, 0, n);
         return;
     }
-    int64_t b, e;
     p->fn = fn;
     p->ctx = ctx;
-    p->total = n;
+    cut_rows(p, n);
     atomic_store(&p->pending, p->n);
-    /* the release publishes fn, ctx and total to the workers' acquire */
+    /* the release publishes fn, ctx and the cuts to the workers' acquire */
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->go);
         pthread_mutex_unlock(&p->mu);
     }
-    slice(n, p->n + 1, 0, &b, &e);
-    if (b < e) fn(ctx, b, e);
+    run_share(p, 0);
     for (long i = 0; i < SPIN_POLLS && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
     }
     if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
@@ -136,4 +184,6 @@ void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n) {
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
+    /* the workers' acq_rel decrements published their times */
+    learn_rates(p);
 }

@@ -1,5 +1,6 @@
-/* A fixed pool of worker threads that splits a range of rows among them. The
- * split never changes what a row computes, so results do not depend on --threads. */
+/* A fixed pool of worker threads that splits a range of rows among them, each a
+ * contiguous share by its measured speed. The split never changes what a row
+ * computes, so results depend neither on --threads nor on the shares. */
 #ifndef COLI_POOL_H
 #define COLI_POOL_H
 
