@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <string.h>
 #include <time.h>
 
 #include "pool.h"
