@@ -562,6 +562,7 @@ int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_ba
         }
     }
     if (backend && backend->api.backend_set_threads) backend->api.backend_set_threads(threads);
+    pool_forget(m->pool); /* quantising pages in as they fault says little of a thread's speed later */
     return 0;
 }
 

@@ -126,6 +126,10 @@ void pool_destroy(pool *p) {
 
 int pool_threads(const pool *p) { return p ? p->n + 1 : 1; }
 
+void pool_forget(pool *p) {
+    for (int i = 0; p && i < MAX_SHARED; i++) p->rate[i] = 1.0;
+}
+
 /* The rows' cuts by the threads' rates; every thread gets at least one row where
  * there are enough. */
 static void cut_rows(pool *p, int64_t n) {

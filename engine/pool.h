@@ -15,6 +15,8 @@ pool *pool_create(int threads);
 void pool_destroy(pool *p);
 void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n);
 int pool_threads(const pool *p);
+/* The threads' speeds forgotten (even shares again): after work unlike what follows. */
+void pool_forget(pool *p);
 
 /* The item in slot i of n, slots taken in the order 0, n - 1, 1, n - 2, ...: each thread
  * gets a contiguous range of slots, so where later items cost more (a prefill's later

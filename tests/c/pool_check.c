@@ -1,7 +1,7 @@
 /* engine/pool.c under ASan/UBSan: every row of a job runs exactly once, for every
  * count of rows and threads, and the threads' shares follow their speeds: with the
  * calling thread made ten times slower a row, its share falls well below an even one,
- * and the rows are still each run once. */
+ * and the rows are still each run once; pool_forget puts the shares back to even. */
 #define _POSIX_C_SOURCE 199309L
 #include <pthread.h>
 #include <stdatomic.h>
@@ -79,11 +79,19 @@ int main(void) {
         pool_run(p, rows, &j, n);
         if (each_once(&j, n, "skewed, short")) return 1;
     }
+    pool_forget(p); /* even halves again, until jobs teach otherwise */
+    reset(&j);
+    pool_run(p, rows, &j, 64);
+    const long forgotten = atomic_load(&j.caller_rows);
     pool_destroy(p);
+    if (forgotten != 32) {
+        printf("FAIL after pool_forget the caller ran %ld of 64 rows, not 32\n", forgotten);
+        return 1;
+    }
     if (last > 64 * 35 / 100) {
         printf("FAIL the slow caller still ran %ld of 64 rows\n", last);
         return 1;
     }
-    printf("a caller ten times slower a row ends with %ld of 64 rows\n", last);
+    printf("a caller ten times slower a row ends with %ld of 64 rows, 32 once forgotten\n", last);
     return 0;
 }

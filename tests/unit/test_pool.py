@@ -18,4 +18,4 @@ def test_every_row_runs_once_and_a_slow_thread_gets_fewer(tmp_path: Path) -> Non
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every row once, 0 to 70 rows on 1 to 4 threads" in proc.stdout
-    assert "a caller ten times slower a row ends with" in proc.stdout
+    assert "a caller ten times slower a row ends with" in proc.stdout and "32 once forgotten" in proc.stdout
