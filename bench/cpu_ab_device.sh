@@ -8,11 +8,7 @@
 #   here: bash bench/gpu_ab_pack.sh REV...; there (carry .whl and .ab): bash bench/cpu_ab_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard, cyclonedx" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
-    exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source bench/device_wheels.sh || exit 1
 work=$(mktemp -d)
 model=${MODEL:-$work/large} # MODEL: a large synthetic model already made
 [[ -n ${MODEL:-} ]] || python3 bench/make_synthetic.py "$model" > /dev/null &

@@ -17,11 +17,7 @@ mkdir -p "$out"
   if [[ -f ${AB_DIR:-.ab}/tree.txt ]]; then echo "tree: $(cat "${AB_DIR:-.ab}/tree.txt")"
   else git log -1 --format='%H %s' 2>/dev/null; fi
 } | tee "$out/device.txt"
-if [[ -d .whl ]] && ! python3 -c "import doit, pydantic, pefile, elftools, zstandard, cyclonedx" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
-    return 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source bench/device_wheels.sh || return 1
 arch=${COLI_GPU_ARCH:-sm_90}
 python3 -m doit -n "$(nproc)" build "arch=$arch" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; return 1; }
 HOST=$PWD/build/linux-x86_64/host/coli

@@ -2,12 +2,11 @@
  * count of rows and threads, and the threads' shares follow their speeds: with the
  * calling thread made ten times slower a row, its share falls well below an even one,
  * and the rows are still each run once; pool_forget puts the shares back to even. */
-#define _POSIX_C_SOURCE 199309L
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <time.h>
 
+#include "clock.h"
 #include "pool.h"
 
 #define MAX_ROWS 200
@@ -19,11 +18,7 @@ typedef struct job {
     atomic_long caller_rows;
 } job;
 
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
+static double now_us(void) { return coli_now() * 1e6; }
 
 static void rows(void *ctx, int64_t b, int64_t e) {
     job *j = ctx;
