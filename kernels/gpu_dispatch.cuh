@@ -89,11 +89,15 @@ static void run_gemm(const coli_weight *w, const float *dx, int64_t s, float *pl
     launch_gemm<FORMAT, WM, WN, MT, NT>(w, dx, s, planes, dy, stream);
 }
 #if COLI_HAS_PDL
-template <int FORMAT, int NW, int CH, int RT, int RR>
+/* READY: the calls its row takes (1 x_ready, 0 waiting, -1 either); only those forms are
+ * compiled, each a kernel of its own (S1_MMA ties the row's condition to it) */
+template <int FORMAT, int NW, int CH, int RT, int RR, int READY>
 static void run_decode_mma(const coli_weight *w, const float *dx, int64_t, float *, float *dy, bool x_ready,
                            cudaStream_t stream) {
-    if (x_ready) launch_decode_mma<FORMAT, NW, CH, RT, RR, 1, true>(w, dx, dy, stream);
-    else launch_decode_mma<FORMAT, NW, CH, RT, RR, 1, false>(w, dx, dy, stream);
+    if constexpr (READY != 0) {
+        if (x_ready) return launch_decode_mma<FORMAT, NW, CH, RT, RR, 1, true>(w, dx, dy, stream);
+    }
+    if constexpr (READY != 1) launch_decode_mma<FORMAT, NW, CH, RT, RR, 1, false>(w, dx, dy, stream);
 }
 template <int FORMAT, bulk_blocks BLOCKS>
 static void run_bulk(const coli_weight *w, const float *dx, int64_t, float *, float *dy, bool x_ready, cudaStream_t stream) {
@@ -133,7 +137,7 @@ struct gpu_rule {
     constexpr gpu_rule rows(int64_t lo, int64_t of = 1) const { gpu_rule r = *this; r.rows_lo = lo, r.rows_of = of; return r; }
     constexpr gpu_rule per_sm(int64_t hi) const { gpu_rule r = *this; r.per_sm_hi = hi; return r; }
     constexpr gpu_rule elems(int64_t hi) const { gpu_rule r = *this; r.elems_hi = hi; return r; }
-    constexpr gpu_rule ready(bool x) const { gpu_rule r = *this; r.x_ready = x; return r; }
+    constexpr gpu_rule ready(int x) const { gpu_rule r = *this; r.x_ready = x; return r; } /* -1: either */
     constexpr gpu_rule on_sm90() const { gpu_rule r = *this; r.sm90 = true; return r; }
     constexpr gpu_rule with_digits() const { gpu_rule r = *this; r.digits = true; return r; }
     constexpr gpu_rule under(int64_t rows_a_block, int64_t tokens_a_block) const {
@@ -152,6 +156,11 @@ struct gpu_rule {
 /* int8 rows for decode_kernel and the tensor cores: whole 16-byte pieces; int4 in the mma layout */
 #define S1_INT8(name, f) INT8(name, f).tokens(1, 1).cols(16, GPU_ANY_SIZE, 16).with_digits() /* widths below: multiples of 16 */
 #define S1_INT4(name, f) INT4(name, f).tokens(1, 1).laid(LAID_MMA).with_digits()
+/* decode_mma_kernel's rows, named by their template arguments, for the calls READY names */
+#define S1_Q8 S1_INT8
+#define S1_Q4 S1_INT4
+#define S1_MMA(F, NW, CH, RT, RR, READY)                                                                            \
+    S1_##F("decode mma W" #NW " C" #CH " T" #RT " R" #RR " M1", (run_decode_mma<F, NW, CH, RT, RR, READY>)).ready(READY)
 
 static const gpu_rule GPU_RULES[] = {
 #if COLI_HAS_PDL
@@ -165,39 +174,39 @@ static const gpu_rule GPU_RULES[] = {
 
     /* S = 1 on the tensor cores, decode_mma_kernel, where its blocks leave room: 8192 columns,
      * either kind of call */
-    S1_INT8("decode mma W16 C8 T2 R1 M1", (run_decode_mma<Q8, 16, 8, 2, 1>)).width(8192).per_sm(8).on_sm90(),
-    S1_INT8("decode mma W16 C8 T1 R0 M1", (run_decode_mma<Q8, 16, 8, 1, 0>)).width(8192).per_sm(12).on_sm90(),
-    S1_INT4("decode mma W16 C4 T1 R0 M1", (run_decode_mma<Q4, 16, 4, 1, 0>)).width(8192).per_sm(12).on_sm90(),
-    S1_INT4("decode mma W16 C4 T2 R1 M1", (run_decode_mma<Q4, 16, 4, 2, 1>)).width(8192).per_sm(16).on_sm90(),
+    S1_MMA(Q8, 16, 8, 2, 1, -1).width(8192).per_sm(8).on_sm90(),
+    S1_MMA(Q8, 16, 8, 1, 0, -1).width(8192).per_sm(12).on_sm90(),
+    S1_MMA(Q4, 16, 4, 1, 0, -1).width(8192).per_sm(12).on_sm90(),
+    S1_MMA(Q4, 16, 4, 2, 1, -1).width(8192).per_sm(16).on_sm90(),
     /* x_ready: blocks of about a third of the SMs a call, so that three calls load at once */
-    S1_INT8("decode mma W8 C4 T2 R2 M1", (run_decode_mma<Q8, 8, 4, 2, 2>)).width(2048).per_sm(8).ready(true).on_sm90(),
-    S1_INT8("decode mma W8 C4 T3 R1 M1", (run_decode_mma<Q8, 8, 4, 3, 1>)).width(2048).per_sm(24).ready(true).on_sm90(),
-    S1_INT8("decode mma W12 C4 T4 R1 M1", (run_decode_mma<Q8, 12, 4, 4, 1>)).width(3072).per_sm(40).ready(true).on_sm90(),
-    S1_INT4("decode mma W12 C2 T5 R1 M1", (run_decode_mma<Q4, 12, 2, 5, 1>)).width(3072).per_sm(32).ready(true).on_sm90(),
-    S1_INT8("decode mma W16 C4 T3 R1 M1", (run_decode_mma<Q8, 16, 4, 3, 1>)).width(4096).per_sm(48).ready(true).on_sm90(),
-    S1_INT4("decode mma W16 C2 T6 R2 M1", (run_decode_mma<Q4, 16, 2, 6, 2>)).width(4096).per_sm(48).ready(true).on_sm90(),
+    S1_MMA(Q8, 8, 4, 2, 2, 1).width(2048).per_sm(8).on_sm90(),
+    S1_MMA(Q8, 8, 4, 3, 1, 1).width(2048).per_sm(24).on_sm90(),
+    S1_MMA(Q8, 12, 4, 4, 1, 1).width(3072).per_sm(40).on_sm90(),
+    S1_MMA(Q4, 12, 2, 5, 1, 1).width(3072).per_sm(32).on_sm90(),
+    S1_MMA(Q8, 16, 4, 3, 1, 1).width(4096).per_sm(48).on_sm90(),
+    S1_MMA(Q4, 16, 2, 6, 2, 1).width(4096).per_sm(48).on_sm90(),
     /* waiting calls: blocks over about half the SMs (16 rows an SM a tile of 16 rows), so the next
      * call's blocks start at once on the other half; int8 half a block's W in registers (all of it
      * where the blocks are a quarter of the SMs or fewer), int4 one tile up to 3, then half */
-    S1_INT8("decode mma W8 C4 T2 R2 M1", (run_decode_mma<Q8, 8, 4, 2, 2>)).width(2048).per_sm(8).ready(false).on_sm90(),
-    S1_INT8("decode mma W8 C4 T2 R1 M1", (run_decode_mma<Q8, 8, 4, 2, 1>)).width(2048).per_sm(16).ready(false).on_sm90(),
-    S1_INT8("decode mma W8 C4 T3 R1 M1", (run_decode_mma<Q8, 8, 4, 3, 1>)).width(2048).per_sm(24).ready(false).on_sm90(),
-    S1_INT8("decode mma W12 C4 T2 R2 M1", (run_decode_mma<Q8, 12, 4, 2, 2>)).width(3072).per_sm(8).ready(false).on_sm90(),
-    S1_INT8("decode mma W12 C4 T2 R1 M1", (run_decode_mma<Q8, 12, 4, 2, 1>)).width(3072).per_sm(16).ready(false).on_sm90(),
-    S1_INT8("decode mma W12 C4 T3 R1 M1", (run_decode_mma<Q8, 12, 4, 3, 1>)).width(3072).per_sm(24).ready(false).on_sm90(),
-    S1_INT8("decode mma W12 C4 T4 R2 M1", (run_decode_mma<Q8, 12, 4, 4, 2>)).width(3072).per_sm(48).ready(false).on_sm90(),
-    S1_INT4("decode mma W12 C2 T2 R1 M1", (run_decode_mma<Q4, 12, 2, 2, 1>)).width(3072).per_sm(16).ready(false).on_sm90(),
-    S1_INT4("decode mma W12 C2 T3 R1 M1", (run_decode_mma<Q4, 12, 2, 3, 1>)).width(3072).per_sm(24).ready(false).on_sm90(),
-    S1_INT4("decode mma W12 C2 T4 R1 M1", (run_decode_mma<Q4, 12, 2, 4, 1>)).width(3072).per_sm(32).ready(false).on_sm90(),
-    S1_INT8("decode mma W16 C4 T2 R2 M1", (run_decode_mma<Q8, 16, 4, 2, 2>)).width(4096).per_sm(8).ready(false).on_sm90(),
-    S1_INT8("decode mma W16 C4 T2 R1 M1", (run_decode_mma<Q8, 16, 4, 2, 1>)).width(4096).per_sm(16).ready(false).on_sm90(),
-    S1_INT8("decode mma W16 C4 T3 R1 M1", (run_decode_mma<Q8, 16, 4, 3, 1>)).width(4096).per_sm(24).ready(false).on_sm90(),
-    S1_INT8("decode mma W16 C4 T4 R2 M1", (run_decode_mma<Q8, 16, 4, 4, 2>)).width(4096).per_sm(48).ready(false).on_sm90(),
-    S1_INT4("decode mma W16 C2 T2 R1 M1", (run_decode_mma<Q4, 16, 2, 2, 1>)).width(4096).per_sm(16).ready(false).on_sm90(),
-    S1_INT4("decode mma W16 C2 T3 R1 M1", (run_decode_mma<Q4, 16, 2, 3, 1>)).width(4096).per_sm(24).ready(false).on_sm90(),
-    S1_INT4("decode mma W16 C2 T4 R2 M1", (run_decode_mma<Q4, 16, 2, 4, 2>)).width(4096).per_sm(32).ready(false).on_sm90(),
-    S1_INT4("decode mma W16 C2 T5 R2 M1", (run_decode_mma<Q4, 16, 2, 5, 2>)).width(4096).per_sm(40).ready(false).on_sm90(),
-    S1_INT4("decode mma W16 C2 T6 R3 M1", (run_decode_mma<Q4, 16, 2, 6, 3>)).width(4096).per_sm(48).ready(false).on_sm90(),
+    S1_MMA(Q8, 8, 4, 2, 2, 0).width(2048).per_sm(8).on_sm90(),
+    S1_MMA(Q8, 8, 4, 2, 1, 0).width(2048).per_sm(16).on_sm90(),
+    S1_MMA(Q8, 8, 4, 3, 1, 0).width(2048).per_sm(24).on_sm90(),
+    S1_MMA(Q8, 12, 4, 2, 2, 0).width(3072).per_sm(8).on_sm90(),
+    S1_MMA(Q8, 12, 4, 2, 1, 0).width(3072).per_sm(16).on_sm90(),
+    S1_MMA(Q8, 12, 4, 3, 1, 0).width(3072).per_sm(24).on_sm90(),
+    S1_MMA(Q8, 12, 4, 4, 2, 0).width(3072).per_sm(48).on_sm90(),
+    S1_MMA(Q4, 12, 2, 2, 1, 0).width(3072).per_sm(16).on_sm90(),
+    S1_MMA(Q4, 12, 2, 3, 1, 0).width(3072).per_sm(24).on_sm90(),
+    S1_MMA(Q4, 12, 2, 4, 1, 0).width(3072).per_sm(32).on_sm90(),
+    S1_MMA(Q8, 16, 4, 2, 2, 0).width(4096).per_sm(8).on_sm90(),
+    S1_MMA(Q8, 16, 4, 2, 1, 0).width(4096).per_sm(16).on_sm90(),
+    S1_MMA(Q8, 16, 4, 3, 1, 0).width(4096).per_sm(24).on_sm90(),
+    S1_MMA(Q8, 16, 4, 4, 2, 0).width(4096).per_sm(48).on_sm90(),
+    S1_MMA(Q4, 16, 2, 2, 1, 0).width(4096).per_sm(16).on_sm90(),
+    S1_MMA(Q4, 16, 2, 3, 1, 0).width(4096).per_sm(24).on_sm90(),
+    S1_MMA(Q4, 16, 2, 4, 2, 0).width(4096).per_sm(32).on_sm90(),
+    S1_MMA(Q4, 16, 2, 5, 2, 0).width(4096).per_sm(40).on_sm90(),
+    S1_MMA(Q4, 16, 2, 6, 3, 0).width(4096).per_sm(48).on_sm90(),
 
     /* S = 1, tall weights of 2048-4096 columns: decode_bulk_kernel, W streamed by the copy engine;
      * x_ready: int4 two blocks an SM, int8 two where a block's stages do not fit half an SM up to
@@ -261,6 +270,9 @@ static const gpu_rule GPU_RULES[] = {
 #undef INT4
 #undef S1_INT8
 #undef S1_INT4
+#undef S1_Q8
+#undef S1_Q4
+#undef S1_MMA
 
 enum { GPU_NRULES = (int)(sizeof GPU_RULES / sizeof GPU_RULES[0]) };
 
