@@ -13,9 +13,7 @@ mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
-  # the tree as bench/gpu_ab_pack.sh found it here, where it ran; else the copy's history
-  if [[ -f ${AB_DIR:-.ab}/tree.txt ]]; then echo "tree: $(cat "${AB_DIR:-.ab}/tree.txt")"
-  else git log -1 --format='%H %s' 2>/dev/null; fi
+  bash bench/tree_report.sh
 } | tee "$out/device.txt"
 source bench/device_wheels.sh || return 1
 arch=${COLI_GPU_ARCH:-sm_90}
