@@ -20,7 +20,6 @@
  *   /tmp/gpu_sync_cost            # B = the SMs, twice the SMs, 8 */
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <cstdio>
 
 #include "gpu_timing.cuh"
