@@ -16,24 +16,23 @@
  * replays of a graph (bench/gpu_timing.cuh). Each row checks that the last value is
  * the number of links. One JSON line a row.
  *
- *   nvcc -std=c++17 -O3 -arch=sm_90 -Ibench bench/gpu_sync_cost.cu -o /tmp/gpu_sync_cost
+ *   nvcc -std=c++17 -O3 -arch=sm_90 -Ibench -Ikernels bench/gpu_sync_cost.cu -o /tmp/gpu_sync_cost
  *   /tmp/gpu_sync_cost            # B = the SMs, twice the SMs, 8 */
 #include <cuda_runtime.h>
 
 #include <cstdio>
 
+#include "gpu_compat.h"
 #include "gpu_timing.cuh"
 
 #define THREADS 256
 
 /* Step i of a chain: block 0 adds one to what step i - 1 wrote. */
 template <bool PDL> __global__ void link_kernel(unsigned *v, int i) {
-#if __CUDA_ARCH__ >= 900
-    if constexpr (PDL) {
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-        asm volatile("griddepcontrol.wait;" ::: "memory");
+    if constexpr (PDL) { /* as the decode's kernels do (kernels/gpu_compat.h) */
+        coli_allow_next_grid();
+        coli_wait_prior_grid();
     }
-#endif
     if (blockIdx.x == 0 && threadIdx.x == 0) v[i + 1] = v[i] + 1;
 }
 
