@@ -16,6 +16,10 @@ import pytest
 from tests.conftest import ROOT, need_tool
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def pack(out: Path, *revs: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(ROOT / "bench/gpu_ab_pack.sh"), *revs], capture_output=True, text=True,
                           timeout=120, env={"PATH": "/usr/bin:/bin", "AB_DIR": str(out)})  # fmt: skip
@@ -45,8 +49,7 @@ def test_a_commit_is_packed_under_its_short_hash(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     proc = pack(out, "HEAD")
     assert proc.returncode == 0, proc.stderr
-    short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                           check=True).stdout.strip()  # fmt: skip
+    short = _git("rev-parse", "--short", "HEAD")
     assert {p.name for p in out.iterdir()} == {"files.sha256", f"{short}.tar", "tree.txt"}
     with tarfile.open(out / f"{short}.tar") as t:
         names = set(t.getnames())
@@ -60,8 +63,7 @@ def test_with_no_commit_only_the_trees_commit_is_written(tmp_path: Path) -> None
     (out / "old.tar").write_bytes(b"x")
     proc = pack(out)
     assert proc.returncode == 0, proc.stderr
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    head = _git("rev-parse", "HEAD")
     assert sorted(p.name for p in out.iterdir()) == ["files.sha256", "tree.txt"]
     assert (out / "tree.txt").read_text().startswith(head + " ")
 
@@ -80,8 +82,7 @@ def test_the_report_names_the_packed_commit_only_while_its_files_are_here(tmp_pa
     out = tmp_path / "ab"
     assert report(out).startswith(f"tree: unknown (no {out}/tree.txt")
     assert pack(out).returncode == 0
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    head = _git("rev-parse", "HEAD")
     assert report(out).startswith(f"tree: {head} ")
     sums = (out / "files.sha256").read_text().splitlines()
     assert "  README.md" in "\n".join(sums)
