@@ -12,48 +12,44 @@
 
 /* ---- matmuls ------------------------------------------------------------ */
 
-typedef struct mm_job {
-    const linear *l;
-    const float *w; /* plain f32 matrix when l is NULL */
-    int64_t rows, cols;
-    const float *x;
-    int64_t s;
-    float *y;
-} mm_job;
-
-static void mm_rows(void *ctx, int64_t b, int64_t e) {
-    const mm_job *j = ctx;
-    const linear *l = j->l;
-    if (!l) coli_matmul_f32_rows(j->w, j->rows, j->cols, j->x, j->s, j->y, b, e);
-    else if (l->format == COLI_FMT_F32) coli_matmul_f32_rows(l->w, l->rows, l->cols, j->x, j->s, j->y, b, e);
-    else if (l->format == COLI_FMT_Q8) coli_matmul_q8_rows(l->q8, l->scale, l->rows, l->cols, j->x, j->s, j->y, b, e);
-    else coli_matmul_q4_rows(l->q4, l->scale, l->rows, l->cols, l->group, j->x, j->s, j->y, b, e);
-}
-
 /* Below this many multiply-adds a matmul runs on the calling thread: handing
  * it to the pool costs more than it saves. */
 #define PARALLEL_MIN_MACS (1 << 16)
 
-static void run_rows(model *m, mm_job *j) {
-    if (j->rows * j->cols * j->s < PARALLEL_MIN_MACS) mm_rows(j, 0, j->rows);
-    else pool_run(m->pool, mm_rows, j, j->rows);
-}
+/* Below this many values of x in all, a job's int4 digits are made on the calling
+ * thread: handing them to the pool costs more than it saves. */
+#define PARALLEL_MIN_DIGITS (1 << 14)
 
-/* Several matmuls as one pool job: a segment is one matrix against its tokens, and the
- * job's rows are the segments' rows end to end, so the threads split them however
- * they fall and the matmuls wait for the pool once, not once each (the linears that
- * read one x; a layer's routed experts, gate and up of every expert a token picked,
- * then every down). Each (row, token) is the same matmul row as alone. */
+/* Matmuls as one pool job: a segment is one matrix against its tokens, and the job's
+ * rows are the segments' rows end to end, so the threads split them however they fall
+ * and the matmuls wait for the pool once, not once each (the linears that read one x;
+ * a layer's routed experts, gate and up of every expert a token picked, then every
+ * down). Each (row, token) is the same matmul row as alone. */
 typedef struct mm_seg {
     const linear *l;  /* quantised, or NULL: f32 `w` */
     const float *w;
     int64_t rows, cols, s;
     const float *x;
     float *y;
+    /* int4: x's digits made once for every call on the segment's rows (a thread takes
+     * its rows in several) and shared with the segments after it that read the same x;
+     * NULL: each call makes its own */
+    coli_q4_x *xq;
+    int owns_xq;
 } mm_seg;
 
+static void seg_rows(const mm_seg *sg, int64_t b, int64_t e) {
+    const linear *l = sg->l;
+    if (!l) coli_matmul_f32_rows(sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y, b, e);
+    else if (l->format == COLI_FMT_F32) coli_matmul_f32_rows(l->w, l->rows, l->cols, sg->x, sg->s, sg->y, b, e);
+    else if (l->format == COLI_FMT_Q8)
+        coli_matmul_q8_rows(l->q8, l->scale, l->rows, l->cols, sg->x, sg->s, sg->y, b, e);
+    else if (sg->xq) coli_matmul_q4_rows_x(l->q4, l->scale, l->rows, sg->xq, sg->y, b, e);
+    else coli_matmul_q4_rows(l->q4, l->scale, l->rows, l->cols, l->group, sg->x, sg->s, sg->y, b, e);
+}
+
 typedef struct segs_job {
-    const mm_seg *segs;
+    mm_seg *segs;
     int count;
 } segs_job;
 
@@ -63,23 +59,58 @@ static void segs_rows(void *ctx, int64_t b, int64_t e) {
     for (int i = 0; i < j->count && first < e; first += j->segs[i].rows, i++) {
         const mm_seg *sg = &j->segs[i];
         const int64_t lo = b > first ? b - first : 0, hi = e - first < sg->rows ? e - first : sg->rows;
-        if (lo >= hi) continue;
-        mm_job mj = {sg->l, sg->w, sg->rows, sg->cols, sg->x, sg->s, sg->y};
-        mm_rows(&mj, lo, hi);
+        if (lo < hi) seg_rows(sg, lo, hi);
     }
 }
 
-static void segs_run(model *m, const mm_seg *segs, int count) {
+/* The digits of segments [b, e) that own theirs. */
+static void digits_items(void *ctx, int64_t b, int64_t e) {
+    const segs_job *j = ctx;
+    for (int64_t i = b; i < e; i++) {
+        mm_seg *sg = &j->segs[i];
+        if (sg->owns_xq) sg->xq = coli_q4_x_make(sg->x, sg->s, sg->cols, sg->l->group);
+    }
+}
+
+/* The int4 segments' digits: a segment that reads the x of the one before it (the
+ * linears that read one x; an expert's gate and up, and a decode's experts, which all
+ * read the token's row of h) shares its digits, the others make their own. */
+static void segs_digits(model *m, segs_job *j) {
+    int64_t values = 0;
+    for (int i = 0; i < j->count; i++) {
+        mm_seg *sg = &j->segs[i], *before = i ? sg - 1 : NULL;
+        sg->xq = NULL, sg->owns_xq = 0;
+        if (!sg->l || sg->l->format != COLI_FMT_Q4) continue;
+        const int shares = before && before->l && before->l->format == COLI_FMT_Q4 && before->x == sg->x &&
+                           before->s == sg->s && before->cols == sg->cols && before->l->group == sg->l->group;
+        if (!shares) sg->owns_xq = 1, values += sg->s * sg->cols;
+    }
+    if (values >= PARALLEL_MIN_DIGITS && j->count > 1) pool_run(m->pool, digits_items, j, j->count);
+    else digits_items(j, 0, j->count);
+    for (int i = 1; i < j->count; i++) {
+        mm_seg *sg = &j->segs[i];
+        if (!sg->owns_xq && sg->l && sg->l->format == COLI_FMT_Q4) sg->xq = sg[-1].xq;
+    }
+}
+
+static void segs_run(model *m, mm_seg *segs, int count) {
     segs_job j = {segs, count};
     int64_t rows = 0, macs = 0;
     for (int i = 0; i < count; i++) rows += segs[i].rows, macs += segs[i].rows * segs[i].cols * segs[i].s;
-    if (macs < PARALLEL_MIN_MACS) segs_rows(&j, 0, rows);
-    else pool_run(m->pool, segs_rows, &j, rows);
+    if (macs < PARALLEL_MIN_MACS) {
+        for (int i = 0; i < count; i++) segs[i].xq = NULL;
+        segs_rows(&j, 0, rows);
+        return;
+    }
+    segs_digits(m, &j);
+    pool_run(m->pool, segs_rows, &j, rows);
+    for (int i = 0; i < count; i++)
+        if (segs[i].owns_xq) coli_q4_x_free(segs[i].xq);
 }
 
 static void matmul_f32(model *m, const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y) {
-    mm_job j = {NULL, w, rows, cols, x, s, y};
-    run_rows(m, &j);
+    mm_seg sg = {NULL, w, rows, cols, s, x, y, NULL, 0};
+    segs_run(m, &sg, 1);
 }
 
 static void add_bias(const linear *l, int64_t s, float *y) {
@@ -107,8 +138,8 @@ static int linear_once(model *m, const linear *l, const float *x, int64_t s, flo
         const double t0 = coli_now();
         if (backend_done(m, t0, 1, l, m->backend->api.matmul(l->dev, x, s, l->cols, y), err, errlen)) return 1;
     } else {
-        mm_job j = {l, NULL, l->rows, l->cols, x, s, y};
-        run_rows(m, &j);
+        mm_seg sg = {l, NULL, l->rows, l->cols, s, x, y, NULL, 0};
+        segs_run(m, &sg, 1);
     }
     add_bias(l, s, y);
     return 0;
@@ -133,7 +164,7 @@ static int linears_fwd(model *m, const linear *const *ls, int count, const float
     if (local) {
         const double t0 = coli_now();
         mm_seg segs[MANY_MAX];
-        for (int i = 0; i < count; i++) segs[i] = (mm_seg){ls[i], NULL, ls[i]->rows, ls[i]->cols, s, x, ys[i]};
+        for (int i = 0; i < count; i++) segs[i] = (mm_seg){ls[i], NULL, ls[i]->rows, ls[i]->cols, s, x, ys[i], NULL, 0};
         segs_run(m, segs, count);
         for (int i = 0; i < count; i++) add_bias(ls[i], s, ys[i]);
         m->phase_seconds[PHASE_LINEARS] += coli_now() - t0;
@@ -329,8 +360,11 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, moe_bufs *b
         const int64_t at = first[e], tokens = first[e + 1] - at;
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
-        segs[count++] = (mm_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, xin + at * H, eg + at * I};
-        segs[count++] = (mm_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, xin + at * H, eu + at * I};
+        /* an expert of one token reads that token's row of h, so the experts one token
+         * picked share its int4 digits */
+        const float *ex_x = tokens == 1 ? h + members[at] * H : xin + at * H;
+        segs[count++] = (mm_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, ex_x, eg + at * I, NULL, 0};
+        segs[count++] = (mm_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, ex_x, eu + at * I, NULL, 0};
     }
     segs_run(m, segs, count);
     for (int64_t i = 0; i < cnt * I; i++) eg[i] = coli_silu(eg[i]) * eu[i];
@@ -339,7 +373,8 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, moe_bufs *b
         const int64_t at = first[e], tokens = first[e + 1] - at;
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
-        segs[count++] = (mm_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H};
+        segs[count++] =
+            (mm_seg){ex ? ex + 2 : NULL, ex ? NULL : ly->e_down[e], H, I, tokens, eg + at * I, eo + at * H, NULL, 0};
     }
     segs_run(m, segs, count);
     memset(out, 0, (size_t)(n * H) * sizeof *out);

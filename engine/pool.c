@@ -13,7 +13,9 @@
 
 /* The threads' shares of a job follow their measured speeds (rows a microsecond, an
  * average over jobs long enough to time): two threads given equal halves end apart
- * when one of them runs slower (a busier core), and the other then waits. */
+ * when one of them runs slower (a busier core), and the other then waits. What the
+ * speeds do not foresee (a job's own jitter, a thread that starts late) the thread
+ * done first takes over: a share's last rows go a piece a call, from its far end. */
 #define MAX_SHARED 256
 #define TIMED_US 20.0 /* jobs whose slowest share took less are not timed */
 #define RATE_KEEP 0.9 /* an average's weight against the latest job */
@@ -31,17 +33,65 @@ struct pool {
     atomic_int stop;
     pool_fn fn;
     void *ctx;
-    int64_t cut[MAX_SHARED + 1]; /* thread i's rows are [cut[i], cut[i + 1]) */
-    double took[MAX_SHARED];     /* microseconds thread i spent on them */
-    double rate[MAX_SHARED];     /* thread i's speed, relative */
+    int64_t cut[MAX_SHARED + 1]; /* thread i's share starts as [cut[i], cut[i + 1]) */
+    /* rows a call after a share's first, and a taking's: a share's rows are most of
+     * them taken in one call, as a thread reads its rows in one stream and a call of
+     * int4 rows makes x's digits where it is not given them */
+    int64_t piece;
+    /* thread i's rows not yet taken, [low, high) as low | high << 32: its owner takes
+     * from the low end, a thread done with its own from the high end */
+    _Alignas(64) atomic_uint_fast64_t left[MAX_SHARED];
+    double took[MAX_SHARED];  /* microseconds thread i spent on rows */
+    int64_t ran[MAX_SHARED];  /* rows thread i ran */
+    double rate[MAX_SHARED];  /* thread i's speed, relative */
 };
 
-/* Thread i's rows run, and timed. */
+static uint64_t span_of(int64_t low, int64_t high) { return (uint64_t)low | (uint64_t)high << 32; }
+
+/* Rows of the job for thread i, from the low end of its own share (most of it in one
+ * call, then pieces, so that a thread that ends first can take the rest), else from
+ * the high end of the share with the most rows left; 0 when none is left. */
+static int take(pool *p, int i, int64_t *b, int64_t *e) {
+    atomic_uint_fast64_t *own = &p->left[i];
+    for (uint64_t w = atomic_load_explicit(own, memory_order_relaxed);;) {
+        const int64_t low = (int64_t)(w & 0xffffffffu), high = (int64_t)(w >> 32);
+        if (low >= high) break;
+        const int64_t rest = high - low, count = rest > 4 * p->piece ? rest - 4 * p->piece : p->piece;
+        const int64_t end = low + (count < rest ? count : rest);
+        if (atomic_compare_exchange_weak_explicit(own, &w, span_of(end, high), memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *b = low, *e = end;
+            return 1;
+        }
+    }
+    for (;;) {
+        int victim = -1;
+        int64_t most = 0;
+        for (int k = 0; k <= p->n; k++) {
+            const uint64_t w = atomic_load_explicit(&p->left[k], memory_order_relaxed);
+            const int64_t rest = (int64_t)(w >> 32) - (int64_t)(w & 0xffffffffu);
+            if (rest > most) most = rest, victim = k;
+        }
+        if (victim < 0) return 0;
+        uint64_t w = atomic_load_explicit(&p->left[victim], memory_order_relaxed);
+        const int64_t low = (int64_t)(w & 0xffffffffu), high = (int64_t)(w >> 32);
+        if (low >= high) continue;
+        const int64_t start = high - p->piece > low ? high - p->piece : low;
+        if (atomic_compare_exchange_strong_explicit(&p->left[victim], &w, span_of(low, start), memory_order_relaxed,
+                                                    memory_order_relaxed)) {
+            *b = start, *e = high;
+            return 1;
+        }
+    }
+}
+
+/* Thread i's rows run until none is left, and timed. */
 static void run_share(pool *p, int i) {
-    const int64_t b = p->cut[i], e = p->cut[i + 1];
+    int64_t b, e, rows = 0;
     const double t0 = coli_now();
-    if (b < e) p->fn(p->ctx, b, e);
+    while (take(p, i, &b, &e)) p->fn(p->ctx, b, e), rows += e - b;
     p->took[i] = (coli_now() - t0) * 1e6;
+    p->ran[i] = rows;
 }
 
 typedef struct {
@@ -151,7 +201,7 @@ static void learn_rates(pool *p) {
     const int parts = p->n + 1;
     double speed[MAX_SHARED], mean = 0.0, slowest = 0.0;
     for (int i = 0; i < parts; i++) {
-        const int64_t rows = p->cut[i + 1] - p->cut[i];
+        const int64_t rows = p->ran[i];
         if (rows <= 0 || p->took[i] <= 0.0) return;
         if (p->took[i] > slowest) slowest = p->took[i];
         speed[i] = (double)rows / p->took[i];
@@ -165,15 +215,20 @@ static void learn_rates(pool *p) {
 }
 
 void pool_run(pool *p, pool_fn fn, void *ctx, int64_t n) {
-    if (!p || p->n == 0 || n < 2) {
+    /* a share is two 32-bit halves of one word: no job has 2^32 rows (rows, heads, tokens) */
+    if (!p || p->n == 0 || n < 2 || (uint64_t)n > UINT32_MAX) {
         if (n > 0) fn(ctx, 0, n);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
     cut_rows(p, n);
+    const int64_t piece = n / (16 * (p->n + 1));
+    p->piece = piece > 0 ? piece : 1;
+    for (int i = 0; i <= p->n; i++)
+        atomic_store_explicit(&p->left[i], span_of(p->cut[i], p->cut[i + 1]), memory_order_relaxed);
     atomic_store(&p->pending, p->n);
-    /* the release publishes fn, ctx and the cuts to the workers' acquire */
+    /* the release publishes fn, ctx, the piece and the shares to the workers' acquire */
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);

@@ -1283,25 +1283,67 @@ const char *coli_cpu_loops(void) {
     return "portable";
 }
 
-/* int4 rows of groups that q4d_fits: the vector loops on prepared digits (blocks of
- * Q4_TOKENS tokens, then one at a time, a row's tokens before the next row), else
+/* x made ready once for int4 rows: its digits, for every call on it to share. */
+struct coli_q4_x {
+#ifdef HAVE_AVX2_PATH
+    q4d_x xd;
+#endif
+    int64_t s, cols;
+    int32_t group;
+};
+
+coli_q4_x *coli_q4_x_make(const float *x, int64_t s, int64_t cols, int32_t group) {
+#ifdef HAVE_AVX2_PATH
+    if (!q4d_fits(group) || !use_avx2()) return NULL;
+    coli_q4_x *p = malloc(sizeof *p);
+    if (!p || !q4d_prepare(&p->xd, x, s, cols, group)) {
+        free(p);
+        return NULL;
+    }
+    p->s = s, p->cols = cols, p->group = group;
+    return p;
+#else
+    (void)x, (void)s, (void)cols, (void)group;
+    return NULL;
+#endif
+}
+
+void coli_q4_x_free(coli_q4_x *x) {
+#ifdef HAVE_AVX2_PATH
+    if (x) q4d_release(&x->xd);
+#endif
+    free(x);
+}
+
+/* The vector loops on prepared digits: blocks of Q4_TOKENS tokens, then one at a time,
+ * a row's tokens before the next row. */
+void coli_matmul_q4_rows_x(const uint8_t *packed, const float *scale, int64_t rows, const coli_q4_x *x, float *y,
+                           int64_t r0, int64_t r1) {
+#ifdef HAVE_AVX2_PATH
+    const int64_t cols = x->cols, s = x->s;
+    const int32_t group = x->group;
+    const int tiled = group == 32 && s >= 2;
+    if (cpu_level() == 3 && tiled) rows_q4d_tiled_gfni(packed, scale, rows, cols, &x->xd, s, y, r0, r1);
+    else if (cpu_level() == 3) row_q4d_gfni(packed, scale, rows, cols, group, &x->xd, s, y, r0, r1);
+    else if (cpu_level() == 2 && tiled) rows_q4d_tiled_vnni(packed, scale, rows, cols, &x->xd, s, y, r0, r1);
+    else if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &x->xd, s, y, r0, r1);
+    else row_q4d_avx2(packed, scale, rows, cols, group, &x->xd, s, y, r0, r1);
+#else
+    (void)packed, (void)scale, (void)rows, (void)x, (void)y, (void)r0, (void)r1;
+#endif
+}
+
+/* int4 rows of groups that q4d_fits: the vector loops on x's digits made here, else
  * the portable loop; the same bits. */
 static void q4d_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
                      const float *x, int64_t s, float *y, int64_t r0, int64_t r1) {
-    const int64_t groups = cols / group;
-#ifdef HAVE_AVX2_PATH
-    q4d_x xd;
-    if (use_avx2() && q4d_prepare(&xd, x, s, cols, group)) {
-        const int tiled = group == 32 && s >= 2;
-        if (cpu_level() == 3 && tiled) rows_q4d_tiled_gfni(packed, scale, rows, cols, &xd, s, y, r0, r1);
-        else if (cpu_level() == 3) row_q4d_gfni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
-        else if (cpu_level() == 2 && tiled) rows_q4d_tiled_vnni(packed, scale, rows, cols, &xd, s, y, r0, r1);
-        else if (cpu_level() == 2) row_q4d_vnni(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
-        else row_q4d_avx2(packed, scale, rows, cols, group, &xd, s, y, r0, r1);
-        q4d_release(&xd);
+    coli_q4_x *xd = coli_q4_x_make(x, s, cols, group);
+    if (xd) {
+        coli_matmul_q4_rows_x(packed, scale, rows, xd, y, r0, r1);
+        coli_q4_x_free(xd);
         return;
     }
-#endif
+    const int64_t groups = cols / group;
     for (int64_t t = 0; t < s; t++) {
         const q4d_scale sc = q4d_scale_of(x + t * cols, cols);
         for (int64_t r = r0; r < r1; r++)

@@ -32,6 +32,16 @@ void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int6
 void coli_matmul_q4_rows(const uint8_t *packed, const float *scale, int64_t rows, int64_t cols, int32_t group,
                          const float *x, int64_t s, float *y, int64_t r0, int64_t r1);
 
+/* x of s tokens made ready for int4 rows once (the digits of the exact sums), for
+ * every call on it to share however the rows are split: NULL where the group or the
+ * CPU has no such loops, or there is no memory, and then coli_matmul_q4_rows takes x
+ * itself. coli_matmul_q4_rows_x gives coli_matmul_q4_rows's bits. */
+typedef struct coli_q4_x coli_q4_x;
+coli_q4_x *coli_q4_x_make(const float *x, int64_t s, int64_t cols, int32_t group);
+void coli_q4_x_free(coli_q4_x *x);
+void coli_matmul_q4_rows_x(const uint8_t *packed, const float *scale, int64_t rows, const coli_q4_x *x, float *y,
+                           int64_t r0, int64_t r1);
+
 /* The same over every row. */
 void coli_matmul_f32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t s, float *y);
 void coli_matmul_q8(const int8_t *q, const float *scale, int64_t rows, int64_t cols, const float *x,

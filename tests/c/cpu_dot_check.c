@@ -28,7 +28,7 @@ static int close(float got, double want, double magnitude) {
 int main(void) {
     static const int32_t GROUPS[] = {2, 6, 8, 10, 16, 24, 32, 64, 128};
     srand(11);
-    int checked = 0;
+    int checked = 0, shared = 0;
     for (int it = 0; it < 3000; it++) {
         const int32_t group = GROUPS[rand() % (int)(sizeof GROUPS / sizeof GROUPS[0])];
         /* tiles of rows and of tokens and their rest */
@@ -85,6 +85,17 @@ int main(void) {
         for (int64_t i = 0; i < s * cols; i++) x[i] = rnd() * 3.0f;
         coli_quantize_q4(w, rows, cols, group, p, sc);
         coli_matmul_q4(p, sc, rows, cols, group, x, s, y);
+        /* x's digits made once, the rows in two calls on them: the same bits */
+        coli_q4_x *xq = coli_q4_x_make(x, s, cols, group);
+        const int64_t cut = rand() % (rows + 1); /* drawn at every level: the same inputs after it */
+        if (xq) {
+            coli_matmul_q4_rows_x(p, sc, rows, xq, y2, 0, cut);
+            coli_matmul_q4_rows_x(p, sc, rows, xq, y2, cut, rows);
+            coli_q4_x_free(xq);
+            for (int64_t i = 0; i < s * rows; i++)
+                if (y2[i] != y[i]) return printf("MISMATCH int4 on digits made once: %.9g, not %.9g\n", y2[i], y[i]), 1;
+            shared++;
+        }
         for (int64_t i = 0; i < s * cols; i++) x[i] = ldexpf(x[i], -110);
         coli_matmul_q4(p, sc, rows, cols, group, x, s, y2);
         for (int64_t i = 0; i < s * rows; i++)
@@ -306,7 +317,7 @@ int main(void) {
             }
         }
     }
-    printf("%s loops, %d outputs within the double-precision sums, hash %016llx\n", coli_cpu_loops(), checked,
-           (unsigned long long)hash);
+    printf("%s loops, %d outputs within the double-precision sums, hash %016llx; %d int4 matmuls on digits made once\n",
+           coli_cpu_loops(), checked, (unsigned long long)hash, shared);
     return 0;
 }
