@@ -97,8 +97,7 @@ static void segs_run(model *m, mm_seg *segs, int count) {
     segs_job j = {segs, count};
     int64_t rows = 0, macs = 0;
     for (int i = 0; i < count; i++) rows += segs[i].rows, macs += segs[i].rows * segs[i].cols * segs[i].s;
-    if (macs < PARALLEL_MIN_MACS) {
-        for (int i = 0; i < count; i++) segs[i].xq = NULL;
+    if (macs < PARALLEL_MIN_MACS) { /* one call a segment on this thread: each makes its own digits */
         segs_rows(&j, 0, rows);
         return;
     }
