@@ -349,7 +349,6 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, moe_bufs *b
                 if (idx[s * K + k] == e) {
                     members[cnt] = s;
                     wt[cnt] = w[s * K + k];
-                    memcpy(xin + cnt * H, h + s * H, (size_t)H * sizeof *xin);
                     cnt++;
                 }
     }
@@ -360,7 +359,9 @@ static int moe(model *m, const layer *ly, const float *h, int64_t n, moe_bufs *b
         if (!tokens) continue;
         const linear *ex = ly->experts ? &ly->experts[3 * e] : NULL;
         /* an expert of one token reads that token's row of h, so the experts one token
-         * picked share its int4 digits */
+         * picked share its int4 digits; one of several reads its tokens' rows gathered */
+        for (int64_t r = at; tokens > 1 && r < at + tokens; r++)
+            memcpy(xin + r * H, h + members[r] * H, (size_t)H * sizeof *xin);
         const float *ex_x = tokens == 1 ? h + members[at] * H : xin + at * H;
         segs[count++] = (mm_seg){ex, ex ? NULL : ly->e_gate[e], I, H, tokens, ex_x, eg + at * I, NULL, 0};
         segs[count++] = (mm_seg){ex ? ex + 1 : NULL, ex ? NULL : ly->e_up[e], I, H, tokens, ex_x, eu + at * I, NULL, 0};
