@@ -103,6 +103,10 @@ def test_an_unchanged_release_runs_nothing(released: tuple[Path, str]) -> None:
 
 
 def test_a_clean_release_in_another_folder_gives_the_same_bytes(released: tuple[Path, str], tmp_path: Path) -> None:
+    """The builds' bytes depend neither on the folder nor on parallel tasks (prefix maps, a
+    fixed clang -cuid, nvcc compiling apart with -objtemp and a fixed -frandom-seed): the
+    fixture's release ran `-n 2` in a folder whose path holds a space; this one runs serially
+    elsewhere, and every package (host, reference, HIP and CUDA backends) is compared."""
     root, _ = released
     other = copy_project(tmp_path / "plain")  # no space this time, serial, later
     proc = run_doit(other, "release", CONFIG)
