@@ -164,25 +164,12 @@ def test_no_op_and_incremental_rebuilds(built_project: Path, tmp_path: Path) -> 
 
 
 def test_named_arches(built_project: Path) -> None:
+    """The default group named is up to date; cpu alone skips nothing. A CUDA arch alone and an
+    AMD target id with a feature are built by the shared-cache test (test_shared_cache.py),
+    whose runners name their arches so, and their device code is checked there."""
     proc = run_doit(built_project, "build", "arch=gfx1030,gfx90a")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not any(t.startswith("backend:") for t in executed(proc))  # same group as the default: up to date
-
-    proc = run_doit(built_project, "build", "arch=sm_90")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"backend:{PLATFORM}-cuda-sm_90" in executed(proc)
-    report = json.loads((built_project / "build/linux-x86_64/reports/verify-cuda-sm_90.json").read_text())
-    (device,) = [c for c in report["checks"] if c["name"] == "device code"]
-    assert device["ok"] and device["detail"] == ".nv_fatbin holds sm_90 (ptx+sass)"
-
-    # an AMD target id, as clang's --offload-arch takes it, built and proved whole
-    proc = run_doit(built_project, "build", "arch=gfx90a:xnack-,gfx1030")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(
-        (built_project / "build/linux-x86_64/reports/verify-hip-gfx90a-xnack-_gfx1030.json").read_text()
-    )
-    (device,) = [c for c in report["checks"] if c["name"] == "device code"]
-    assert device["ok"] and "gfx1030, gfx90a:xnack-" in device["detail"], device
 
     proc = run_doit(built_project, "build", "arch=cpu")
     assert proc.returncode == 0

