@@ -2,7 +2,9 @@
 (Debian's redis-server, started here on localhost; the config names it with
 cache.remote). A clean checkout's build fills the store; a clean checkout in
 another folder, as another CI runner builds it (the first one, its local cache
-included, gone), compiles nothing and gives byte-identical packages."""
+included, gone), compiles nothing and gives byte-identical packages. The runners name
+their arches as users do (a CUDA arch alone, an AMD target id with a feature), and each
+build's device code is checked: the suite compiles those two only here."""
 
 from __future__ import annotations
 
