@@ -56,6 +56,13 @@ def bench_module(name: str) -> ModuleType:
     return module
 
 
+def verify_check(root: Path, key: str, name: str) -> dict[str, object]:
+    """Check `name` of a build's verify report for `key` (e.g. "cuda-sm_90"), as verify wrote it."""
+    report = json.loads((root / "build/linux-x86_64/reports" / f"verify-{key}.json").read_text())
+    (check,) = [c for c in report["checks"] if c["name"] == name]
+    return dict(check)
+
+
 def need_tool(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:

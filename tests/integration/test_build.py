@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import executed, need_tool, run_doit, sbom_errors
+from tests.conftest import executed, need_tool, run_doit, sbom_errors, verify_check
 
 pytestmark = pytest.mark.slow
 
@@ -106,15 +106,13 @@ def test_coli_doctor_in_the_real_packages(built_project: Path, tmp_path: Path) -
 
 
 def test_device_code_of_the_default_arches(built_project: Path) -> None:
-    reports = built_project / "build/linux-x86_64/reports"
-    hip = json.loads((reports / "verify-hip-gfx1030_gfx90a.json").read_text())
-    (device,) = [c for c in hip["checks"] if c["name"] == "device code"]
+    device = verify_check(built_project, "hip-gfx1030_gfx90a", "device code")
     assert device["ok"] and device["detail"] == ".hip_fatbin lists gfx1030, gfx90a"
-    (runtime,) = [c for c in hip["checks"] if c["name"] == "hip runtime"]
+    runtime = verify_check(built_project, "hip-gfx1030_gfx90a", "hip runtime")
     assert runtime["ok"] and runtime["detail"] == "host binds libamdhip64.so.5; backend imports libamdhip64.so.5"
-    cuda = json.loads((reports / "verify-cuda-sm_80_sm_90.json").read_text())
-    (device,) = [c for c in cuda["checks"] if c["name"] == "device code"]
-    assert device["ok"] and "sm_80 (sass)" in device["detail"] and "sm_90 (ptx+sass)" in device["detail"]
+    device = verify_check(built_project, "cuda-sm_80_sm_90", "device code")
+    detail = str(device["detail"])
+    assert device["ok"] and "sm_80 (sass)" in detail and "sm_90 (ptx+sass)" in detail
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_project, need_tool, run_doit
+from tests.conftest import copy_project, need_tool, run_doit, verify_check
 
 pytestmark = pytest.mark.slow
 
@@ -97,11 +97,9 @@ def test_a_clean_checkout_elsewhere_compiles_nothing(redis: str, tmp_path: Path)
 
 def _device_code(root: Path) -> dict[str, str]:
     """Each GPU backend's verify report's device-code line, by the build's key."""
-    reports = root / "build/linux-x86_64/reports"
     out = {}
     for key in ("cuda-sm_90", "hip-gfx90a-xnack-"):
-        report = json.loads((reports / f"verify-{key}.json").read_text())
-        (device,) = [c for c in report["checks"] if c["name"] == "device code"]
+        device = verify_check(root, key, "device code")
         assert device["ok"], device
-        out[key] = device["detail"]
+        out[key] = str(device["detail"])
     return out
