@@ -114,7 +114,7 @@ static gpu_unit unit_at(const coli_rec *r, int32_t k) {
 }
 
 static coli_span span_of(const void *p, uint64_t bytes, int32_t write) {
-    const coli_span s = {(uintptr_t)p, (uintptr_t)p + bytes, write, 0, 0};
+    const coli_span s = {(uintptr_t)p, (uintptr_t)p + bytes, write};
     return s;
 }
 
@@ -123,16 +123,8 @@ static int32_t op_spans(const coli_rec *r, const gpu_rec *g, int32_t k, coli_spa
     const coli_rec_op *o = &r->ops[k];
     const coli_op_info *info = coli_op_info_of(o->op.kind);
     int32_t n = 0;
-    for (int32_t i = 0; i < info->refs; i++) {
-        if (!o->buf[i]) continue;
-        out[n] = span_of(o->p[i], o->reach[i], info->out[i]);
-        if (o->op.kind == COLI_OP_WRITE_ROWS && info->out[i]) { /* the cache's columns it writes, each row */
-            const coli_write_rows_operands a = coli_unpack_write_rows(&o->op, o->p);
-            if (a.dst_stride > a.width)
-                out[n].stride = (uintptr_t)a.dst_stride * sizeof(float), out[n].width = (uintptr_t)a.width * sizeof(float);
-        }
-        n++;
-    }
+    for (int32_t i = 0; i < info->refs; i++)
+        if (o->buf[i]) out[n++] = span_of(o->p[i], o->reach[i], info->out[i]);
     const size_t plane_bytes = g->plane_floats * sizeof(float);
     if (g->plane_slot[k] >= 0) out[n++] = span_of(g->planes + g->plane_floats * g->plane_slot[k], plane_bytes, 1);
     if (o->op.kind == COLI_OP_INDEXER || o->op.kind == COLI_OP_ATTEND) out[n++] = span_of(g->scores, 1, 1);

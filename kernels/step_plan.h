@@ -2,8 +2,6 @@
  * several queues (the GPU's streams). Each unit (an op, or ops the backend runs
  * as one kernel) is described by the byte spans it reads and writes; two units
  * conflict when a span of one overlaps a span of the other and either writes it.
- * A span may be strided, the same columns of each row (a cache's rows, of which
- * two ops write different columns), so that those two do not conflict.
  * The plan puts every unit on a queue and names the units of other queues it must
  * wait for, so that each unit runs after every earlier unit it conflicts with and
  * is otherwise free to run beside them. A unit goes on the queue whose last unit
@@ -20,17 +18,7 @@
 typedef struct coli_span {
     uintptr_t lo, hi; /* bytes [lo, hi) */
     int32_t write;
-    uintptr_t stride, width; /* stride > 0: only [lo + k * stride, + width) of them, width <= stride */
 } coli_span;
-
-/* Whether two spans share a byte. Strided spans are told apart only where their
- * strides are equal (their columns then never meet when they miss in one row). */
-static inline int coli_spans_overlap(const coli_span *x, const coli_span *y) {
-    if (!(x->lo < y->hi && y->lo < x->hi)) return 0;
-    if (!x->stride || x->stride != y->stride) return 1;
-    const uintptr_t st = x->stride, d = (y->lo % st + st - x->lo % st) % st; /* y's columns from x's */
-    return d < x->width || (st - d) % st < y->width;
-}
 
 typedef struct coli_unit {
     const coli_span *spans;
@@ -47,7 +35,7 @@ static inline int coli_units_conflict(const coli_unit *a, const coli_unit *b) {
     for (int32_t i = 0; i < a->n_spans; i++)
         for (int32_t j = 0; j < b->n_spans; j++) {
             const coli_span *x = &a->spans[i], *y = &b->spans[j];
-            if ((x->write || y->write) && coli_spans_overlap(x, y)) return 1;
+            if ((x->write || y->write) && x->lo < y->hi && y->lo < x->hi) return 1;
         }
     return 0;
 }
