@@ -395,9 +395,8 @@ int main(int argc, char **argv) {
             fputs(", \"backend_error\": ", stdout);
             json_string(stdout, backend_error);
         }
-        printf(", \"tier\": \"%s\", \"step_ops\": %lld, \"step_ops_unscored\": %lld, \"resident_bytes\": %llu, "
-               "\"round_trips\": %lld", tier, (long long)model_step_ops(&m), (long long)model_step_ops_unscored(&m),
-               (unsigned long long)m.resident_bytes, (long long)m.round_trips);
+        printf(", \"tier\": \"%s\", \"step_ops\": %lld, \"resident_bytes\": %llu, \"round_trips\": %lld", tier,
+               (long long)model_step_ops(&m), (unsigned long long)m.resident_bytes, (long long)m.round_trips);
         if (!teacher && generate > 1) printf(", \"decode_round_trips\": %lld", (long long)m.round_trips);
         /* what a decoded token reads: the step's resident sizes, else the weights where they are */
         printf(", \"token_weight_bytes\": %llu, \"kv_bytes_per_position\": %llu",

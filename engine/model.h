@@ -137,8 +137,6 @@ int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model
                         size_t errlen);
 int model_step_batches(const model *m);
 int64_t model_step_ops(const model *m); /* ops in the decode step; 0 without one */
-/* ops in the decode step below index_topk (no indexer scoring); 0 without one */
-int64_t model_step_ops_unscored(const model *m);
 
 /* What a decoded token reads (model_bytes.c): its weights wherever they are, in
  * their format (the routed experts by the token's k of E), and the caches' bytes per

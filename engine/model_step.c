@@ -26,7 +26,7 @@ typedef struct layer_dev {
 
 /* Where each activation lives in the arena, in bytes. */
 typedef struct arena_map {
-    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, every, logits, ids, kept;
+    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, logits, ids, kept;
     uint64_t bytes;
 } arena_map;
 
@@ -42,10 +42,8 @@ struct model_step {
     arena_map a;
     int64_t chunk;
     coli_step decode, prefill;     /* recorded for 1 and for `chunk` tokens */
-    coli_step decode_unscored;     /* a decode at a position whose keys the indexer would all select, or 0 */
     int keeps;                     /* the decode step keeps its ids by position (keep_ids) */
     int64_t ops_per_token;         /* ops in the decode step */
-    int64_t ops_unscored;          /* and in the unscored one */
     uint64_t added_bytes;          /* what the step added to the model's resident counts */
     int32_t added_tensors;
 };
@@ -155,7 +153,6 @@ static void plan_arena(const model *m, int64_t n, arena_map *a) {
     CARVE(ridx, n * c->experts_per_tok * 4);
     CARVE(rw, n * c->experts_per_tok * 4);
     CARVE(sel, n * m->max_pos);
-    CARVE(every, m->max_pos); /* a decode's selection of every key, all ones */
     CARVE(logits, n * c->vocab * 4);
     CARVE(ids, n * 4);
     CARVE(kept, m->max_pos * 4);
@@ -212,11 +209,7 @@ static void mm(recorder *r, const linear *l, coli_ref bias, coli_ref x, coli_ref
     add(r, coli_op_matmul(x, y, bias, n, &l->dev));
 }
 
-/* unscored: a decode at a position below index_topk, where the indexer would select
- * every key (model_forward scores none there): attention takes the all-ones selection
- * and the indexer's query, weights and scoring are left out, so that attention waits
- * on fewer kernels; its keys are still written to the cache for the later positions. */
-static int record(model *m, int64_t n, int unscored, coli_step *out, int64_t *ops, char *err, size_t errlen) {
+static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, size_t errlen) {
     model_step *s = m->step;
     const model_config *c = &m->c;
     const arena_map *a = &s->a;
@@ -241,7 +234,7 @@ static int record(model *m, int64_t n, int unscored, coli_step *out, int64_t *op
         add(&r, coli_op_rmsnorm(A(qa), d->q_a_norm, A(qr), n, c->q_lora, c->q_lora, c->q_lora, 1e-6f));
         /* idx_q before q_b: traced, the indexer's chain ended last of attention's inputs,
          * and this order decoded faster (bench/RESULTS.md) */
-        if (full && !unscored) mm(&r, &ly->idx_q, none(), A(qr), A(iq), n);
+        if (full) mm(&r, &ly->idx_q, none(), A(qr), A(iq), n);
         mm(&r, &ly->q_b, none(), A(qr), A(q), n);
         add(&r, coli_op_rmsnorm(A(ckv), d->kv_a_norm, A(kvn), n, c->kv_lora, kvw, c->kv_lora, 1e-6f));
         add(&r, coli_op_rope(AT(ckv, c->kv_lora), s->inv_freq, n, 1, kvw, 0, c->qk_rope));
@@ -251,19 +244,17 @@ static int record(model *m, int64_t n, int unscored, coli_step *out, int64_t *op
         add(&r, coli_op_write_rows(AT(ckv, c->kv_lora), at(d->k_cache.buffer, (uint64_t)c->qk_nope * 4), n * NH,
                                    c->qk_rope, kvw, NH, qk, NH));
         add(&r, coli_op_write_rows(AT(kv, c->qk_nope), d->v_cache, n * NH, V, c->qk_nope + V, 1, V, NH));
-        if (full && !unscored) add(&r, coli_op_matmul(A(h), A(iw), none(), n, &d->idx_weights));
         if (full) {
+            add(&r, coli_op_matmul(A(h), A(iw), none(), n, &d->idx_weights));
             add(&r, coli_op_layernorm(A(ik), d->idx_k_norm_w, d->idx_k_norm_b, n, ID, ID, 1e-6f));
             add(&r, coli_op_rope(A(ik), s->inv_freq, n, 1, ID, 0, c->qk_rope));
             add(&r, coli_op_write_rows(A(ik), d->ik_cache, n, ID, ID, 1, ID, 1));
-        }
-        if (full && !unscored) {
             add(&r, coli_op_rope(A(iq), s->inv_freq, n, IH, IH * ID, ID, c->qk_rope));
             add(&r, coli_op_indexer(A(iq), A(iw), d->ik_cache, A(sel), n, IH, ID, c->index_topk, m->max_pos,
                                     1.0f / sqrtf((float)IH)));
         }
-        add(&r, coli_op_attend(A(q), d->k_cache, d->v_cache, unscored ? A(every) : A(sel), A(att), n, NH, qk,
-                               V, m->max_pos, 1.0f / sqrtf((float)qk)));
+        add(&r, coli_op_attend(A(q), d->k_cache, d->v_cache, A(sel), A(att), n, NH, qk, V, m->max_pos,
+                               1.0f / sqrtf((float)qk)));
         mm(&r, &ly->o, d->bias_o, A(att), A(o), n);
         add(&r, coli_op_add(A(x), A(o), n * H));
         add(&r, coli_op_rmsnorm(A(x), d->post_norm, A(h), n, H, H, H, eps));
@@ -311,12 +302,6 @@ static int record(model *m, int64_t n, int unscored, coli_step *out, int64_t *op
 }
 
 /* ---- setting up ------------------------------------------------------------- */
-
-static int any_indexer(const model_config *c) {
-    for (int64_t l = 0; l < c->layers; l++)
-        if (c->indexer_full[l]) return 1;
-    return 0;
-}
 
 static int every_linear_resident(const model *m) {
     const model_config *c = &m->c;
@@ -381,7 +366,6 @@ void model_step_free(model *m) {
     model_step *s = m->step;
     if (!s) return;
     if (s->decode) s->api->step_free(s->decode);
-    if (s->decode_unscored) s->api->step_free(s->decode_unscored);
     if (s->prefill) s->api->step_free(s->prefill);
     for (int32_t i = 0; i < s->n_tensors; i++) s->api->tensor_free(s->tensors[i]);
     for (int32_t i = 0; i < s->n_buffers; i++) s->api->buffer_free(s->buffers[i]);
@@ -436,32 +420,16 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     coli_ref arena;
     if (buffer_of(m, NULL, s->a.bytes, &arena, err, errlen)) goto fail;
     s->arena = arena.buffer;
-    if (record(m, 1, 0, &s->decode, &s->ops_per_token, err, errlen)) goto fail;
+    if (record(m, 1, &s->decode, &s->ops_per_token, err, errlen)) goto fail;
     int64_t ops = 0;
-    if (chunk > 1 && record(m, chunk, 0, &s->prefill, &ops, err, errlen)) goto fail;
-    if (any_indexer(c)) {
-        uint8_t *ones = malloc((size_t)m->max_pos);
-        if (!ones) {
-            snprintf(err, errlen, "out of memory");
-            goto fail;
-        }
-        memset(ones, 1, (size_t)m->max_pos);
-        const coli_status wrote = s->api->buffer_write(s->arena, s->a.every, ones, (uint64_t)m->max_pos);
-        free(ones);
-        m->round_trips++;
-        if (wrote) {
-            fail(m, "buffer_write", err, errlen);
-            goto fail;
-        }
-        if (record(m, 1, 1, &s->decode_unscored, &s->ops_unscored, err, errlen)) goto fail;
-    }
-    /* The decode steps run twice before any prompt, so that a backend's first runs (the GPU
+    if (chunk > 1 && record(m, chunk, &s->prefill, &ops, err, errlen)) goto fail;
+    /* The decode step run twice before any prompt, so that a backend's first runs (the GPU
      * backend launches its kernels on the first and captures them as a graph on the
      * second) fall into the load and not into a decode: what they write at position 0
      * the prompt overwrites before anything reads it. */
     int32_t warm;
-    for (int k = 0; k < 4; k++)
-        if (s->api->step_run(k < 2 || !s->decode_unscored ? s->decode : s->decode_unscored, 0)) goto failed_run;
+    for (int k = 0; k < 2; k++)
+        if (s->api->step_run(s->decode, 0)) goto failed_run;
     if (s->api->buffer_read(s->arena, s->a.ids, &warm, sizeof warm)) goto failed_run;
     for (int64_t l = 0; l < c->layers; l++) { /* the caches live in the backend now */
         layer *ly = &m->layers[l];
@@ -479,13 +447,6 @@ fail:
 
 /* ---- running ---------------------------------------------------------------- */
 
-/* The decode step for a token at `pos`: the unscored one while the indexer would select
- * every key (pos + 1 keys, no more than index_topk). */
-static coli_step decode_at(const model *m, int64_t pos) {
-    const model_step *s = m->step;
-    return s->decode_unscored && pos < m->c.index_topk ? s->decode_unscored : s->decode;
-}
-
 static int run(model *m, coli_step step, const int32_t *ids, int64_t n, char *err, size_t errlen) {
     model_step *s = m->step;
     if (s->api->buffer_write(s->arena, s->a.ids, ids, (uint64_t)n * sizeof *ids))
@@ -502,17 +463,16 @@ int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, i
     const int64_t V = m->c.vocab;
     for (int64_t done = 0; done < n;) {
         const int64_t k = n - done >= s->chunk ? s->chunk : n - done;
-        coli_step step = k == 1 ? decode_at(m, m->n_pos) : k == s->chunk ? s->prefill : 0;
-        const int own = !step; /* a step for a last chunk's length, recorded for it alone */
+        coli_step step = k == 1 ? s->decode : k == s->chunk ? s->prefill : 0;
         int64_t ops;
-        if (own && record(m, k, 0, &step, &ops, err, errlen)) return 1;
+        if (!step && record(m, k, &step, &ops, err, errlen)) return 1;
         int rc = run(m, step, ids + done, k, err, errlen);
         const uint64_t from = last ? s->a.logits + (uint64_t)((k - 1) * V) * sizeof(float) : s->a.logits;
         const uint64_t rows = last ? (done + k == n) : (uint64_t)k;
         if (!rc && rows && s->api->buffer_read(s->arena, from, last ? logits : logits + done * V, rows * (uint64_t)V * sizeof(float)))
             rc = fail(m, "buffer_read", err, errlen);
         m->round_trips += rows > 0;
-        if (own) s->api->step_free(step);
+        if (step != s->decode && step != s->prefill) s->api->step_free(step);
         if (rc) return 1;
         m->n_pos += k;
         done += k;
@@ -522,7 +482,7 @@ int model_step_forward(model *m, const int32_t *ids, int64_t n, float *logits, i
 
 int model_step_next(model *m, int32_t id, int32_t *next, char *err, size_t errlen) {
     model_step *s = m->step;
-    if (run(m, decode_at(m, m->n_pos), &id, 1, err, errlen)) return 1;
+    if (run(m, s->decode, &id, 1, err, errlen)) return 1;
     m->round_trips++;
     if (s->api->buffer_read(s->arena, s->a.ids, next, sizeof *next)) return fail(m, "buffer_read", err, errlen);
     m->n_pos++;
@@ -539,7 +499,7 @@ int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model
     for (int64_t k = 0; k < count;) {
         const int64_t batch = count - k < GENERATE_BATCH ? count - k : GENERATE_BATCH, first = m->n_pos;
         for (int64_t j = 0; j < batch; j++)
-            if (s->api->step_run(decode_at(m, first + j), first + j)) return fail(m, "step_run", err, errlen);
+            if (s->api->step_run(s->decode, first + j)) return fail(m, "step_run", err, errlen);
         m->n_pos += batch;
         m->round_trips++;
         const uint64_t from = s->a.kept + (uint64_t)first * sizeof *out;
@@ -552,7 +512,5 @@ int model_step_generate(model *m, int32_t id, int64_t count, int32_t *out, model
 }
 
 int64_t model_step_ops(const model *m) { return m->step ? m->step->ops_per_token : 0; }
-
-int64_t model_step_ops_unscored(const model *m) { return m->step ? m->step->ops_unscored : 0; }
 
 int model_step_batches(const model *m) { return m->step && m->step->keeps; }
