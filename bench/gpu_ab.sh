@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds compared on one CUDA machine (the device tool), their runs alternating so that
 # every side of a comparison sees the same machine: the working tree as
-# bench/gpu_build.sh builds it (validate included), labelled "tree", and each commit
+# bench/gpu_build.sh builds it (validate included; FAST=1: host and backend only), labelled "tree", and each commit
 # bench/gpu_ab_pack.sh put in .ab/ (AB_DIR; carried), built from its tarball by its own task
 # graph (host and backend; VALIDATE=1: its whole build, validate included), side by side. Then the
 # large synthetic model's decode: 128 tokens after the 12-token prompt at each of
@@ -13,10 +13,11 @@
 # and the script exits 1 where any of them fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_build.sh || exit 1
-source bench/gpu_large.sh
-labels=(tree) hosts=("$HOST") libs=("$LIB")
-# the packed commits build side by side (each build is mostly one nvcc on one core)
+out=${OUT:-bench/out} work=$(mktemp -d) arch=${COLI_GPU_ARCH:-sm_90}
+mkdir -p "$out"
+source bench/device_wheels.sh || exit 1
+# the packed commits build side by side, and beside the tree's (each build is mostly
+# one nvcc on one core)
 revs=() pids=()
 for tarball in "${AB_DIR:-.ab}"/*.tar; do
   [[ -e $tarball ]] || continue
@@ -27,6 +28,9 @@ for tarball in "${AB_DIR:-.ab}"/*.tar; do
   (cd "$dir" && python3 -m doit -n "$(nproc)" "${targets[@]}" "arch=$arch") > "$out/build-$rev.txt" 2>&1 &
   revs+=("$rev") pids+=("$!")
 done
+source bench/gpu_build.sh || exit 1
+source bench/gpu_large.sh
+labels=(tree) hosts=("$HOST") libs=("$LIB")
 for i in "${!revs[@]}"; do
   rev=${revs[$i]} dir=$work/ab-$rev
   wait "${pids[$i]}" || { tail -20 "$out/build-$rev.txt"; exit 1; }
