@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds compared on one CUDA machine (the device tool), their runs alternating so that
 # every side of a comparison sees the same machine: the working tree as
-# bench/gpu_build.sh builds it (validate included; FAST=1: host and backend only), labelled "tree", and each commit
-# bench/gpu_ab_pack.sh put in .ab/ (AB_DIR; carried), built from its tarball by its own task
-# graph (host and backend; VALIDATE=1: its whole build, validate included), side by side. Then the
+# bench/gpu_build.sh builds it (validate included; FAST=1: host and backend only),
+# labelled "tree", and each commit bench/gpu_ab_pack.sh put in .ab/ (AB_DIR; carried),
+# built from its tarball by its own task graph (host and backend; VALIDATE=1: its whole
+# build, validate included), all side by side. Then the
 # large synthetic model's decode: 128 tokens after the 12-token prompt at each of
 # QUANTS ("int8 int4"), REPEAT times (3), and 64 tokens after a 4,000-token prompt at
 # each of LONG ("int8"), LONG_REPEAT times (2). Lines in ${OUT:-bench/out}/ab.jsonl
