@@ -258,12 +258,15 @@ static float exp_f32_one(float t) {
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 
-/* Bytes ahead of an int4 row's loads that its loops ask the cache for: a thread
- * streaming int4 rows from memory is short of what the memory gives it with the
- * hardware's prefetch alone (bench/RESULTS.md); int8's loop, twice the bytes a step,
- * is not, and has none. */
+/* Bytes ahead of a row's loads that the one-token loops ask the cache for: a thread
+ * streaming int4 or int8 rows from memory is short of what the memory gives it with
+ * the hardware's prefetch alone (bench/RESULTS.md: int4 on Zen 4, and int8 on an Intel
+ * Xeon, whose int8 rows came at half a thread's read rate without it). */
 #ifndef STREAM_AHEAD
 #define STREAM_AHEAD 1024
+#endif
+#ifndef Q8_STREAM_AHEAD
+#define Q8_STREAM_AHEAD 2048
 #endif
 /* A tile of rows streams several rows side by side, a row's length apart, and the
  * hardware's prefetch alone does not keep such streams coming from memory (figures in
@@ -472,16 +475,26 @@ __attribute__((target("avx2"))) static inline __m256 q8_product(const float *x, 
     return _mm256_mul_ps(_mm256_loadu_ps(x), w);
 }
 
+#define Q8_STEP32(i)                                                                                                 \
+    do {                                                                                                             \
+        a0 = _mm256_add_ps(a0, q8_product(x + (i), q + (i)));                                                        \
+        a1 = _mm256_add_ps(a1, q8_product(x + (i) + 8, q + (i) + 8));                                                \
+        a2 = _mm256_add_ps(a2, q8_product(x + (i) + 16, q + (i) + 16));                                              \
+        a3 = _mm256_add_ps(a3, q8_product(x + (i) + 24, q + (i) + 24));                                              \
+    } while (0)
+
+/* `ahead` (a constant once inlined): each line's step first asks for the line that
+ * many bytes on, past the row's end into the rows after it. */
 __attribute__((target("avx2"), always_inline)) static inline float dot_q8_avx2_inline(const float *x, const int8_t *q,
-                                                                                     int64_t n) {
+                                                                                     int64_t n, int ahead) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
-        a1 = _mm256_add_ps(a1, q8_product(x + i + 8, q + i + 8));
-        a2 = _mm256_add_ps(a2, q8_product(x + i + 16, q + i + 16));
-        a3 = _mm256_add_ps(a3, q8_product(x + i + 24, q + i + 24));
+    for (; ahead && i + 64 <= n; i += 64) {
+        _mm_prefetch((const char *)(q + i + ahead), _MM_HINT_T0);
+        Q8_STEP32(i);
+        Q8_STEP32(i + 32);
     }
+    for (; i + 32 <= n; i += 32) Q8_STEP32(i);
     for (; i + 8 <= n; i += 8) a0 = _mm256_add_ps(a0, q8_product(x + i, q + i));
     float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; i < n; i++) sum += x[i] * (float)q[i];
@@ -489,14 +502,14 @@ __attribute__((target("avx2"), always_inline)) static inline float dot_q8_avx2_i
 }
 
 __attribute__((target("avx2"))) static float dot_q8_avx2(const float *x, const int8_t *q, int64_t n) {
-    return dot_q8_avx2_inline(x, q, n);
+    return dot_q8_avx2_inline(x, q, n, 0);
 }
 
 /* Rows [r0, r1) against one token in one call, the row's loop inlined: a short row
  * (a decode's expert down projection) pays no call of its own. */
 __attribute__((target("avx2"))) static void rows_q8_avx2(const int8_t *q, const float *scale, int64_t rows,
                                                          int64_t cols, const float *x, float *y, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) y[r] = dot_q8_avx2_inline(x, q + r * cols, cols) * scale[r];
+    for (int64_t r = r0; r < r1; r++) y[r] = dot_q8_avx2_inline(x, q + r * cols, cols, Q8_STREAM_AHEAD) * scale[r];
     (void)rows;
 }
 
