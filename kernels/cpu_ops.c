@@ -675,8 +675,8 @@ __attribute__((target("avx2"))) static void dot_q8_avx2_tokens(const int8_t *q, 
  * single-token loop's order), and the sets are independent sums, so each is summed on
  * its own, one set's (row, token) sums in the registers at a time: four sets would not
  * fit them. Q8_SLICE values at a time, every set over them before the next, so that
- * the sets' sweeps find the slice's x and weights in L1. Four tokens only: with fewer,
- * the sets' trips through memory cost more than the one-row loops (bench/RESULTS.md). */
+ * the sets' sweeps find the slice's x and weights in L1. Like the f32 tile it also takes
+ * 1-3 tokens (a routed expert's few), the sets moved in and out sum by sum (Q8_TILE_MOVE). */
 __attribute__((target("avx2"))) static inline __m256 q8_values8(const int8_t *q) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
@@ -741,11 +741,9 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
 }
 
 #define Q8_TILE(NAME, TARGET, TILE_ROWS, REG)                                                                        \
-    __attribute__((target(TARGET))) static void NAME(const void *wp, int64_t cols, const float *x, int64_t stride,   \
-                                                     int64_t n, int nt, float (*y)[F32_TOKENS], const void *nextp) { \
-        const int8_t *q = wp, *next = nextp;                                                                         \
-        const int NT = F32_TOKENS;                                                                                   \
-        (void)nt;                                                                                                    \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_nt(                                     \
+        const int8_t *q, int64_t cols, const float *x, int64_t stride, int64_t n, float (*y)[F32_TOKENS],            \
+        const int NT, const int8_t *next) {                                                                          \
         __m256 sets[Q8_SETS][TILE_ROWS][F32_TOKENS], acc[TILE_ROWS][F32_TOKENS];                                     \
         for (int k = 0; k < Q8_SETS; k++)                                                                            \
             for (int r = 0; r < TILE_ROWS; r++)                                                                      \
@@ -756,14 +754,14 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
             for (int r = 0; next && r < TILE_ROWS; r++) /* the slice's lines of each */                              \
                 for (int64_t b = c0; b < c1; b += 64) NEXT_ROWS_FETCH(next + r * cols + b);                          \
             for (int k = 0; k < Q8_SETS; k++) {                                                                      \
-                memcpy(acc, sets[k], sizeof acc);                                                                    \
+                Q8_TILE_MOVE(TILE_ROWS, acc, sets[k]);                                                                        \
                 for (int64_t i = c0 + 8 * k; i < c1; i += 8 * Q8_SETS) Q8_TILE_STEP(TILE_ROWS, REG, i);              \
-                memcpy(sets[k], acc, sizeof acc);                                                                    \
+                Q8_TILE_MOVE(TILE_ROWS, sets[k], acc);                                                                        \
             }                                                                                                        \
         }                                                                                                            \
-        memcpy(acc, sets[0], sizeof acc); /* set 0 then takes the last 8-blocks */                                   \
+        Q8_TILE_MOVE(TILE_ROWS, acc, sets[0]); /* set 0 then takes the last 8-blocks */                                         \
         for (int64_t i = full; i + 8 <= n; i += 8) Q8_TILE_STEP(TILE_ROWS, REG, i);                                  \
-        memcpy(sets[0], acc, sizeof acc);                                                                            \
+        Q8_TILE_MOVE(TILE_ROWS, sets[0], acc);                                                                                \
         for (int r = 0; r < TILE_ROWS; r++)                                                                          \
             for (int j = 0; j < NT; j++) {                                                                           \
                 float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(sets[0][r][j], sets[1][r][j]),                     \
@@ -771,7 +769,13 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
                 for (int64_t i = n / 8 * 8; i < n; i++) sum += x[j * stride + i] * (float)q[r * cols + i];           \
                 y[r][j] = sum;                                                                                       \
             }                                                                                                        \
-    }
+    }                                                                                                                \
+    TILE_OF_NT(NAME, TARGET, int8_t)
+/* a tile's NT sums a row from one array to the other, element by element: the NT = 3
+ * tile's arrays, a column short of full, otherwise stay in memory */
+#define Q8_TILE_MOVE(TILE_ROWS, to, from)                                                                                     \
+    _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                      \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++)(to)[r][j] = (from)[r][j]
 #define Q8_TILE_STEP(TILE_ROWS, REG, i)                                                                              \
     do {                                                                                                             \
         __m256 wv[TILE_ROWS];                                                                                        \
@@ -838,8 +842,8 @@ typedef struct tiles {
 
 static const tiles F32_TILES[2] = {{f32_tile2, 2, 1, f32_tokens4, f32_one, sizeof(float)},
                                    {f32_tile4, 4, 1, f32_tokens4, f32_one, sizeof(float)}};
-static const tiles Q8_TILES[2] = {{q8_tile2, 2, 0, q8_tokens4, q8_one, sizeof(int8_t)},
-                                  {q8_tile4, 4, 0, q8_tokens4, q8_one, sizeof(int8_t)}};
+static const tiles Q8_TILES[2] = {{q8_tile2, 2, 1, q8_tokens4, q8_one, sizeof(int8_t)},
+                                  {q8_tile4, 4, 1, q8_tokens4, q8_one, sizeof(int8_t)}};
 
 __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, const void *w, const float *scale,
                                                             int64_t rows, int64_t cols, const float *x, int64_t s,
@@ -1563,7 +1567,7 @@ void coli_matmul_q8_rows(const int8_t *q, const float *scale, int64_t rows, int6
         rows_q8_avx2(q, scale, rows, cols, x, y, r0, r1);
         return;
     }
-    if (use_avx2() && s >= F32_TOKENS) {
+    if (use_avx2() && s >= 2) {
         rows_tiled_avx2(&Q8_TILES[cpu_level() >= 2], q, scale, rows, cols, x, s, y, r0, r1);
         return;
     }
