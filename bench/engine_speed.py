@@ -33,6 +33,16 @@ from typing import Any
 PROMPT, DECODE = 12, 32
 
 
+def cpu_model() -> str:
+    """The CPU's name and the SIMD levels the loops choose among: the session machines
+    differ (AMD and Intel), and the loops' rates with them."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+    levels = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "gfni", "amx_int8") if f in flags]
+    return f"{name or platform.machine()} ({', '.join(levels) or 'no AVX2'})"
+
+
 def engine(coli: Path, model: Path, args: list[str], threads: int) -> tuple[dict[str, Any], int]:
     argv = ["/usr/bin/time", "-f", "%M", str(coli), "--model", str(model), "--threads", str(threads), "--json", *args]
     proc = subprocess.run(argv, capture_output=True, text=True, check=True)
@@ -150,6 +160,7 @@ def main() -> None:
     probe = Probe(args.threads)
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {subprocess.getoutput('nproc')} cores",
+        "cpu": cpu_model(),
         "command": "python " + " ".join(__import__("sys").argv),
         "threads": args.threads,
         "read_bandwidth": probe.run(),
