@@ -754,14 +754,14 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
             for (int r = 0; next && r < TILE_ROWS; r++) /* the slice's lines of each */                              \
                 for (int64_t b = c0; b < c1; b += 64) NEXT_ROWS_FETCH(next + r * cols + b);                          \
             for (int k = 0; k < Q8_SETS; k++) {                                                                      \
-                Q8_TILE_MOVE(TILE_ROWS, acc, sets[k]);                                                                        \
+                Q8_TILE_MOVE(TILE_ROWS, acc, sets[k]);                                                               \
                 for (int64_t i = c0 + 8 * k; i < c1; i += 8 * Q8_SETS) Q8_TILE_STEP(TILE_ROWS, REG, i);              \
-                Q8_TILE_MOVE(TILE_ROWS, sets[k], acc);                                                                        \
+                Q8_TILE_MOVE(TILE_ROWS, sets[k], acc);                                                               \
             }                                                                                                        \
         }                                                                                                            \
-        Q8_TILE_MOVE(TILE_ROWS, acc, sets[0]); /* set 0 then takes the last 8-blocks */                                         \
+        Q8_TILE_MOVE(TILE_ROWS, acc, sets[0]); /* set 0 then takes the last 8-blocks */                              \
         for (int64_t i = full; i + 8 <= n; i += 8) Q8_TILE_STEP(TILE_ROWS, REG, i);                                  \
-        Q8_TILE_MOVE(TILE_ROWS, sets[0], acc);                                                                                \
+        Q8_TILE_MOVE(TILE_ROWS, sets[0], acc);                                                                       \
         for (int r = 0; r < TILE_ROWS; r++)                                                                          \
             for (int j = 0; j < NT; j++) {                                                                           \
                 float sum = lanes_sum(_mm256_add_ps(_mm256_add_ps(sets[0][r][j], sets[1][r][j]),                     \
@@ -773,7 +773,7 @@ __attribute__((target("avx2"))) static void weighted_rows_q4_avx2(const float *w
     TILE_OF_NT(NAME, TARGET, int8_t)
 /* a tile's NT sums a row from one array to the other, element by element: the NT = 3
  * tile's arrays, a column short of full, otherwise stay in memory */
-#define Q8_TILE_MOVE(TILE_ROWS, to, from)                                                                                     \
+#define Q8_TILE_MOVE(TILE_ROWS, to, from)                                                                            \
     _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++)                                                      \
         _Pragma("GCC unroll 4") for (int j = 0; j < NT; j++)(to)[r][j] = (from)[r][j]
 #define Q8_TILE_STEP(TILE_ROWS, REG, i)                                                                              \
@@ -834,16 +834,15 @@ typedef struct tiles {
     void (*tile)(const void *w, int64_t cols, const float *x, int64_t stride, int64_t n, int nt,
                  float (*y)[F32_TOKENS], const void *next);
     int rows;    /* a tile's, at most 4 */
-    int partial; /* whether `tile` takes fewer than F32_TOKENS tokens */
     void (*tokens4)(const void *w, const float *x, int64_t stride, int64_t n, float *y);
     float (*one)(const float *x, const void *w, int64_t n);
     size_t width; /* bytes a weight */
 } tiles;
 
-static const tiles F32_TILES[2] = {{f32_tile2, 2, 1, f32_tokens4, f32_one, sizeof(float)},
-                                   {f32_tile4, 4, 1, f32_tokens4, f32_one, sizeof(float)}};
-static const tiles Q8_TILES[2] = {{q8_tile2, 2, 1, q8_tokens4, q8_one, sizeof(int8_t)},
-                                  {q8_tile4, 4, 1, q8_tokens4, q8_one, sizeof(int8_t)}};
+static const tiles F32_TILES[2] = {{f32_tile2, 2, f32_tokens4, f32_one, sizeof(float)},
+                                   {f32_tile4, 4, f32_tokens4, f32_one, sizeof(float)}};
+static const tiles Q8_TILES[2] = {{q8_tile2, 2, q8_tokens4, q8_one, sizeof(int8_t)},
+                                  {q8_tile4, 4, q8_tokens4, q8_one, sizeof(int8_t)}};
 
 __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, const void *w, const float *scale,
                                                             int64_t rows, int64_t cols, const float *x, int64_t s,
@@ -858,14 +857,12 @@ __attribute__((target("avx2"))) static void rows_tiled_avx2(const tiles *tl, con
             const char *wr = (const char *)w + (size_t)r * row_bytes;
             for (int64_t t = t0; t < t1;) {
                 const int nt = t1 - t < F32_TOKENS ? (int)(t1 - t) : F32_TOKENS;
-                if (n_rows > 1 && (nt == F32_TOKENS || tl->partial))
+                if (n_rows > 1)
                     tl->tile(wr, cols, x + t * cols, cols, cols, nt, out,
                              fetch && t == t0 && r + n_rows + tl->rows <= r1 ? wr + n_rows * row_bytes : NULL);
                 else if (nt == F32_TOKENS) tl->tokens4(wr, x + t * cols, cols, cols, out[0]);
                 else
-                    for (int q = 0; q < n_rows; q++)
-                        for (int j = 0; j < nt; j++)
-                            out[q][j] = tl->one(x + (t + j) * cols, wr + (size_t)q * row_bytes, cols);
+                    for (int j = 0; j < nt; j++) out[0][j] = tl->one(x + (t + j) * cols, wr, cols);
                 for (int q = 0; q < n_rows; q++)
                     for (int j = 0; j < nt; j++)
                         y[(t + j) * rows + r + q] = scale ? out[q][j] * scale[r + q] : out[q][j];
