@@ -391,7 +391,7 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
     }
     static const char *names[] = {"f32", "int8", "int4"};
     /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
-     * in its mma layout; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
+     * in its mma layout, its down rows (16 words) a half team's each in a decode; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
      * more than one row), 1 row not; `routed`: a route op before it gives the picks and weights, as in a
      * decode's step (the GPU routes inside the experts' first kernel then); rows of 264 (f32) and
      * 1032 (int8) take the GPU's up kernel on eight warps a row, its last piece short */

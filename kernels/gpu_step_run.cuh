@@ -347,9 +347,24 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     if (held <= 2) moe_up_launch<FORMAT, 2>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
     else if (held <= 4) moe_up_launch<FORMAT, 4>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
     else moe_up_launch<FORMAT, ROW_HELD>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
-    const unsigned decode_down_blocks = (unsigned)((hid + moe_down_outputs<FORMAT>(a.k) - 1) / moe_down_outputs<FORMAT>(a.k));
-    launch_early(chain_calls(), moe_down_kernel<FORMAT>, dim3(decode_down_blocks, (unsigned)a.rows), dim3(STEP_THREADS), 0, st,
-        table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts);
+    /* int4 rows of at most 16 words, every expert's down on the held path: each half of
+     * a team takes an item (half its lanes had no word to load), so half the blocks */
+    if constexpr (FORMAT == COLI_FMT_Q4) {
+        bool halves = inter % 8 == 0 && inter / 8 <= WARP / 2;
+        for (int64_t e = 0; halves && e < experts; e++) {
+            const coli_weight *dw = o->w[3 * e + 2];
+            halves = dw->layout != TILE_LAYOUT && dw->group % 8 == 0 && dw->cols == inter;
+        }
+        if (halves) {
+            const int per2 = 2 * (int)moe_down_outputs<FORMAT>(a.k);
+            launch_early(chain_calls(), moe_down_kernel<FORMAT, 2>, dim3((unsigned)((hid + per2 - 1) / per2), (unsigned)a.rows),
+                         dim3(STEP_THREADS), 0, st, table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts, per2);
+            return;
+        }
+    }
+    const int outs = (int)moe_down_outputs<FORMAT>(a.k);
+    launch_early(chain_calls(), moe_down_kernel<FORMAT, 1>, dim3((unsigned)((hid + outs - 1) / outs), (unsigned)a.rows),
+                 dim3(STEP_THREADS), 0, st, table, g->moe_gu, a.idx, a.w, a.out, a.k, inter, hid, experts, outs);
 }
 
 /* The moe op at `at` (`route`: as launch_moe's). */

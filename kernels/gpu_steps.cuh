@@ -682,17 +682,29 @@ template <int FORMAT> __device__ inline bool down_held(const dev_weight &w) {
  * an SM (124 registers) that room was every register the SM had, so the shared
  * expert's kernels beside it could not start until the first kernel's blocks left.
  * An item holds no more than its word, scale and inputs (its weight's description is
- * read again from the table where a dot needs it). */
+ * read again from the table where a dot needs it). HALVES 2 (int4 rows of at most 16
+ * words, launch_moe): each half of a team dots its own items, so a block takes twice
+ * the outputs and the grid (launched early, holding its room) half the blocks.
+ * per_block: the outputs a block takes (moe_down_outputs, times HALVES). */
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
 #define DOWN_MIN_BLOCKS 1
 #else
 #define DOWN_MIN_BLOCKS 4
 #endif
-template <int FORMAT>
+/* A half team's sum, lanes [16 h, 16 h + 16): warp_sum's pairs after its first
+ * (which, with the other half's lanes 0, adds 0), so the same bits as warp_sum over
+ * a dot whose lanes past 16 hold nothing. */
+__device__ inline float half_sum(float v) {
+#pragma unroll
+    for (int o = WARP / 4; o > 0; o >>= 1) v += COLI_SHFL_XOR(v, o);
+    return v;
+}
+
+template <int FORMAT, int HALVES>
 __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel(const dev_weight *ws, const float *gu, const int32_t *idx, const float *w, float *out,
-                                int64_t k, int64_t inter, int64_t hid, int64_t experts) {
+                                int64_t k, int64_t inter, int64_t hid, int64_t experts, int per_block) {
     constexpr int PW = fmt<FORMAT>::per_word, ITEMS = down_items<FORMAT>();
-    __shared__ float vals[STEP_THREADS / WARP * ITEMS];
+    __shared__ float vals[STEP_THREADS / WARP * ITEMS * HALVES];
     __shared__ dev_weight table[EXPERT_TABLE];
     __shared__ int32_t picks[16];
     __shared__ float weights[16];
@@ -702,16 +714,18 @@ __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel
         for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) table[e] = ws[3 * e + 2];
     coli_wait_prior_grid();
     /* 32-bit: a decode's outputs and items are few */
-    const int r = blockIdx.y, kk = (int)k, per = (int)moe_down_outputs<FORMAT>(k), d0 = blockIdx.x * per, items = per * kk;
+    const int r = blockIdx.y, kk = (int)k, per = per_block, d0 = blockIdx.x * per, items = per * kk;
     if (threadIdx.x < k) picks[threadIdx.x] = idx[r * k + threadIdx.x], weights[threadIdx.x] = w[r * k + threadIdx.x];
     __syncthreads();
-    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    for (int first = threadIdx.x / WARP * ITEMS; first < items; first += nw * ITEMS) {
+    /* HALVES 2: each half of a team its own items (rows of at most 16 words) */
+    const int nw = blockDim.x / WARP, half = HALVES == 2 ? threadIdx.x % WARP / (WARP / 2) : 0;
+    const int lane = HALVES == 2 ? threadIdx.x % (WARP / 2) : threadIdx.x % WARP;
+    for (int first = threadIdx.x / WARP * ITEMS * HALVES; first < items; first += nw * ITEMS * HALVES) {
         uint32_t q[ITEMS], held = 0u, live = 0u;
         float sc[ITEMS], rs[ITEMS], xv[ITEMS][PW];
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
-            const int item = first + i, j = item % kk;
+            const int item = first + i * HALVES + half, j = item % kk;
             const int64_t d = d0 + item / kk;
             const int32_t e = item < items ? picks[j] : -1;
             q[i] = 0u, sc[i] = 0.0f, rs[i] = 0.0f;
@@ -733,15 +747,16 @@ __global__ void __launch_bounds__(STEP_THREADS, DOWN_MIN_BLOCKS) moe_down_kernel
         }
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
-            const int item = first + i;
+            const int item = first + i * HALVES + half;
             float v = 0.0f;
-            if (held >> i & 1u) {
+            if (HALVES == 2 || (held >> i & 1u)) { /* HALVES 2 is launched only where every row is held */
                 float wv[PW];
                 dequant<FORMAT>(q[i], wv);
                 float part = 0.0f;
 #pragma unroll
                 for (int c = 0; c < PW; c++) part += wv[c] * xv[i][c];
-                const float acc = warp_sum(FORMAT == COLI_FMT_Q4 ? part * sc[i] : part);
+                const float pre = FORMAT == COLI_FMT_Q4 ? part * sc[i] : part;
+                const float acc = HALVES == 2 ? half_sum(pre) : warp_sum(pre);
                 v = FORMAT == COLI_FMT_Q8 ? acc * rs[i] : acc;
             } else if (live >> i & 1u) {
                 const int j = item % kk;
