@@ -21,12 +21,13 @@ typedef struct layer_dev {
     coli_ref bias_q_a, bias_kv_a, bias_o;
     coli_ref k_cache, v_cache, ik_cache;
     coli_tensor router, idx_weights;
-    coli_tensor *experts; /* [expert][gate, up, down] */
+    coli_tensor *experts; /* [expert][gate, up, down], the shared expert's after them where shared_pick */
+    int shared_pick;      /* a decode takes the shared expert as one more pick of the moe op */
 } layer_dev;
 
 /* Where each activation lives in the arena, in bytes. */
 typedef struct arena_map {
-    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, sel, logits, ids, kept;
+    uint64_t x, h, qa, qr, q, ckv, kvn, kv, att, o, iq, ik, iw, g, u, sh, rlog, ridx, rw, pidx, pw, sel, logits, ids, kept;
     uint64_t bytes;
 } arena_map;
 
@@ -152,6 +153,10 @@ static void plan_arena(const model *m, int64_t n, arena_map *a) {
     CARVE(rlog, n * c->experts * 4);
     CARVE(ridx, n * c->experts_per_tok * 4);
     CARVE(rw, n * c->experts_per_tok * 4);
+    /* a decode's picks and weights where it takes the shared expert as one more pick:
+     * the route's, then that one's (set once: nothing else writes here) */
+    CARVE(pidx, (c->experts_per_tok + 1) * 4);
+    CARVE(pw, (c->experts_per_tok + 1) * 4);
     CARVE(sel, n * m->max_pos);
     CARVE(logits, n * c->vocab * 4);
     CARVE(ids, n * 4);
@@ -258,7 +263,18 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
         mm(&r, &ly->o, d->bias_o, A(att), A(o), n);
         add(&r, coli_op_add(A(x), A(o), n * H));
         add(&r, coli_op_rmsnorm(A(x), d->post_norm, A(h), n, H, H, H, eps));
-        if (c->mlp_sparse[l]) {
+        if (c->mlp_sparse[l] && n == 1 && d->shared_pick) {
+            /* A decode takes the shared expert as a pick of the moe op past the routed ones,
+             * of weight 1: added after them, as the add below adds it, with no join between
+             * streams before the add (a backend that spreads a step over streams launches
+             * the add only when the shared expert's branch has ended) and no kernels of its
+             * own beside the experts' (bench/RESULTS.md, "The shared expert as a fifth pick"). */
+            const int64_t K = c->experts_per_tok;
+            add(&r, coli_op_matmul(A(h), A(rlog), none(), n, &d->router));
+            add(&r, coli_op_route(A(rlog), d->router_bias, A(pidx), A(pw), n, c->experts, c->n_group, c->topk_group,
+                                  K, c->norm_topk_prob, (float)c->routed_scaling));
+            add(&r, coli_op_moe(A(h), A(pidx), A(pw), A(o), n, K + 1, d->experts, (int32_t)(3 * (c->experts + 1))));
+        } else if (c->mlp_sparse[l]) {
             /* The router first and the route and experts last (model_forward runs the shared
              * expert, then those; each reads h alone and they write apart, so the sums are the
              * same): router, experts and the add after them are the layer's longest chain, and
@@ -345,7 +361,13 @@ static int upload_layer(model *m, int64_t l, char *err, size_t errlen) {
     if (floats_of(m, ly->router_bias, c->experts, &d->router_bias, err, errlen) ||
         upload(m, NULL, ly->router, c->experts, c->hidden, &d->router, &m->token_weight_bytes, err, errlen))
         return 1;
-    d->experts = calloc((size_t)(3 * c->experts), sizeof *d->experts);
+    /* The shared expert as one more expert where it has a routed expert's shape and format,
+     * at int4: at int8 the GPU's experts' kernels, their grids a fifth larger, no longer fit
+     * one wave, and the decode was slower (f32's grids are int8's); bench/RESULTS.md. */
+    const int format = ly->experts ? ly->experts[0].format : COLI_FMT_F32;
+    d->shared_pick = c->shared_experts == 1 && format == COLI_FMT_Q4 && ly->sh_gate.format == format &&
+                     ly->sh_up.format == format && ly->sh_down.format == format;
+    d->experts = calloc((size_t)(3 * (c->experts + 1)), sizeof *d->experts);
     if (!d->experts) {
         snprintf(err, errlen, "out of memory");
         return 1;
@@ -359,6 +381,8 @@ static int upload_layer(model *m, int64_t l, char *err, size_t errlen) {
             if (upload(m, ex, f32, rows, cols, &d->experts[3 * e + k], &experts, err, errlen)) return 1;
         }
     m->token_weight_bytes += experts / (uint64_t)c->experts * (uint64_t)c->experts_per_tok; /* a token's k experts */
+    const int64_t E = c->experts; /* handles only: the dense linears are the model's to free */
+    d->experts[3 * E] = ly->sh_gate.dev, d->experts[3 * E + 1] = ly->sh_up.dev, d->experts[3 * E + 2] = ly->sh_down.dev;
     return 0;
 }
 
@@ -420,6 +444,16 @@ int model_step_prepare(model *m, char *note, size_t notelen, char *err, size_t e
     coli_ref arena;
     if (buffer_of(m, NULL, s->a.bytes, &arena, err, errlen)) goto fail;
     s->arena = arena.buffer;
+    { /* the shared expert's pick and weight past the route's, for every layer's decode */
+        const int32_t shared = (int32_t)c->experts;
+        const float one = 1.0f;
+        const uint64_t K = (uint64_t)c->experts_per_tok;
+        if (s->api->buffer_write(s->arena, s->a.pidx + K * 4, &shared, 4) ||
+            s->api->buffer_write(s->arena, s->a.pw + K * 4, &one, 4)) {
+            fail(m, "buffer_write", err, errlen);
+            goto fail;
+        }
+    }
     if (record(m, 1, &s->decode, &s->ops_per_token, err, errlen)) goto fail;
     int64_t ops = 0;
     if (chunk > 1 && record(m, chunk, &s->prefill, &ops, err, errlen)) goto fail;

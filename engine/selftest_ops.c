@@ -393,19 +393,25 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
     /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
      * in its mma layout, its down rows (16 words) a half team's each in a decode; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
      * more than one row), 1 row not; `routed`: a route op before it gives the picks and weights, as in a
-     * decode's step (the GPU routes inside the experts' first kernel then); rows of 264 (f32) and
+     * decode's step (the GPU routes inside the experts' first kernel then), and 2: the route over all
+     * but the last expert and the moe one pick more, the last expert's of weight 1, already in the
+     * buffers (a decode's shared expert, engine/model_step.c); rows of 264 (f32) and
      * 1032 (int8) take the GPU's up kernel on eight warps a row, its last piece short */
     static const struct { int fmt; int64_t inter, hid, rows; int32_t group; int routed; } variants[] = {
         {0, 24, 40, 3, 8, 0},     {1, 24, 40, 3, 8, 0},  {2, 24, 40, 3, 8, 0},      {2, 128, 256, 3, 32, 0},
         {1, 24, 40, 1, 8, 0},     {2, 128, 256, 1, 32, 0}, {1, 24, 40, 1, 8, 1}, {2, 128, 256, 1, 32, 1},
-        {0, 16, 264, 1, 8, 1},    {1, 16, 1032, 1, 8, 0}};
+        {0, 16, 264, 1, 8, 1},    {1, 16, 1032, 1, 8, 0}, {0, 24, 40, 1, 8, 2},  {1, 16, 1032, 1, 8, 2},
+        {2, 128, 256, 1, 32, 2}};
     for (int vi = 0; vi < (int)(sizeof variants / sizeof variants[0]); vi++) {
         const int fmt = variants[vi].fmt;
         const int32_t G = variants[vi].group;
-        const int64_t E = 6, I = variants[vi].inter, H = variants[vi].hid, rows = variants[vi].rows, K = 2;
         const int routed = variants[vi].routed;
-        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), %lld row(s) of 2%s", names[fmt], (long long)I,
-              (long long)H, (int)G, (long long)rows, routed ? ", routed first" : "");
+        /* K the moe's picks, KR the route's (one fewer where the last expert is a fixed pick) */
+        const int64_t E = 6, I = variants[vi].inter, H = variants[vi].hid, rows = variants[vi].rows;
+        const int64_t K = routed == 2 ? 3 : 2, KR = routed == 2 ? 2 : K, ER = routed == 2 ? E - 1 : E;
+        BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), %lld row(s) of %lld%s", names[fmt], (long long)I,
+              (long long)H, (int)G, (long long)rows, (long long)K,
+              routed == 2 ? ", routed over 5, a fixed sixth" : routed ? ", routed first" : "");
         float *xv = F(rows * H), *w = F(rows * K), *ref = F(rows * H), *got = F(rows * H);
         float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * (I * H / G + H));
         int8_t *q8 = take(&A, (size_t)(3 * E * I * H));
@@ -420,8 +426,11 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         }
         fill(xv, rows * H, 1.0f), fill(w, rows * K, 1.0f), fill(wf, 3 * E * I * H, 0.3f);
         if (routed) {
-            fill(lg, rows * E, 3.0f), fill(bias, E, 0.5f);
-            for (int64_t r = 0; r < rows; r++) coli_route(lg + r * E, bias, E, 1, 1, K, 1, 2.5f, idx + r * K, w + r * K);
+            fill(lg, rows * ER, 3.0f), fill(bias, ER, 0.5f);
+            for (int64_t r = 0; r < rows; r++) {
+                coli_route(lg + r * ER, bias, ER, 1, 1, KR, 1, 2.5f, idx + r * K, w + r * K);
+                if (KR < K) idx[r * K + KR] = (int32_t)(E - 1), w[r * K + KR] = 1.0f;
+            }
         }
         const float *we[18];
         int8_t *q8e[18];
@@ -457,12 +466,16 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
                     }
                     for (int64_t d = 0; d < H; d++) ref[r * H + d] += eo[d] * w[r * K + j];
                 }
-        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, routed ? NULL : idx, (size_t)(rows * K) * 4);
-        coli_ref wr = put(&X, routed ? NULL : w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
+        /* routed: the route writes the picks and weights (a fixed pick's are there before) */
+        int32_t fixed_i[6] = {0};
+        float fixed_w[6] = {0};
+        if (KR < K) fixed_i[KR] = (int32_t)(E - 1), fixed_w[KR] = 1.0f;
+        coli_ref xr = put(&X, xv, (size_t)(rows * H) * 4), ir = put(&X, routed ? fixed_i : idx, (size_t)(rows * K) * 4);
+        coli_ref wr = put(&X, routed ? fixed_w : w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
         const coli_op moe = coli_op_moe(xr, ir, wr, o, rows, K, X.tensors, (int32_t)(3 * E));
         if (routed) {
-            coli_ref l = put(&X, lg, (size_t)(rows * E) * 4), br = put(&X, bias, (size_t)E * 4);
-            const coli_op ops[2] = {coli_op_route(l, br, ir, wr, rows, E, 1, 1, K, 1, 2.5f), moe};
+            coli_ref l = put(&X, lg, (size_t)(rows * ER) * 4), br = put(&X, bias, (size_t)ER * 4);
+            const coli_op ops[2] = {coli_op_route(l, br, ir, wr, rows, ER, 1, 1, KR, 1, 2.5f), moe};
             run_ops(&X, ops, 2, 0, 2);
         } else {
             run_op(&X, moe, 0, 2);

@@ -22,7 +22,7 @@ typedef struct bad_case {
     char message[256];
 } bad_case;
 
-enum { OP_CHECKS_MAX = 32 };
+enum { OP_CHECKS_MAX = 48 };
 
 /* Records one bad-input case: the call's status against the one wanted, and the
  * backend's reason (a case passes only with both right). */

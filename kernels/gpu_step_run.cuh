@@ -96,13 +96,18 @@ static bool moe_grouped(int64_t rows, int64_t k, int64_t experts) {
 }
 
 /* Whether op k is a route whose picks and weights the next op, a moe going pair by
- * pair, takes whole: the two as one unit (route_row's scratch holds 1024 experts). */
+ * pair, takes whole: the two as one unit (route_row's scratch holds 1024 experts).
+ * Also where a one-row moe takes one pick more than the route makes, of an expert
+ * past the routed ones, its pick and weight already in the buffers past the route's
+ * (a decode's shared expert, engine/model_step.c). */
 static bool route_then_moe(const coli_rec *r, int32_t k) {
     if (k + 1 >= r->count || r->ops[k].op.kind != COLI_OP_ROUTE || r->ops[k + 1].op.kind != COLI_OP_MOE) return false;
     const coli_route_operands a = coli_unpack_route(&r->ops[k].op, r->ops[k].p);
     const coli_moe_operands m = coli_unpack_moe(&r->ops[k + 1].op, r->ops[k + 1].p);
-    return m.idx == a.idx && m.w == a.w && m.rows == a.rows && m.k == a.k && a.experts == m.n_tensors / 3 &&
-           a.experts <= 1024 && !moe_grouped(m.rows, m.k, a.experts);
+    const int64_t experts = m.n_tensors / 3;
+    const bool same = m.k == a.k && a.experts == experts, one_more = m.rows == 1 && m.k == a.k + 1 && experts == a.experts + 1;
+    return m.idx == a.idx && m.w == a.w && m.rows == a.rows && (same || one_more) && a.experts <= 1024 &&
+           !moe_grouped(m.rows, m.k, experts);
 }
 
 /* The unit that starts at op k (COLI_GPU_FUSE=0: every op its own). */

@@ -577,11 +577,13 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
         __shared__ int32_t picks[16];
         __shared__ float weights[16];
         const int64_t row = blockIdx.y / (uint32_t)k, j = blockIdx.y % (uint32_t)k; /* 32-bit, as attention's */
+        /* a pick past the route's (route_then_moe's one more) is in idx already, read beside the route */
+        const int32_t fixed = j < route.k ? 0 : idx[pair];
         if (threadIdx.x < WARP) route_row(route, row, picks, weights, s, lane);
         __syncthreads();
-        if (blockIdx.x == 0 && j == 0 && threadIdx.x < k)
+        if (blockIdx.x == 0 && j == 0 && threadIdx.x < route.k)
             route.idx[row * k + threadIdx.x] = picks[threadIdx.x], route.w[row * k + threadIdx.x] = weights[threadIdx.x];
-        e = picks[j];
+        e = j < route.k ? picks[j] : fixed;
     } else {
         (void)route;
         e = idx[pair];

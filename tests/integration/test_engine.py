@@ -38,9 +38,11 @@ def test_selftest_is_clean_under_sanitizers(sanitized: tuple[Path, Path]) -> Non
     assert checked == {o.name for o in abi.ops} and all(c["ok"] for c in result["op_checks"])
     # moe: 3 rows in f32, int8 and int4 twice (the GPU groups them by expert), 1 row in int8 and int4 (it does not),
     # and 1 row in int8 and int4 routed by a route op before it (the GPU routes inside the experts' first kernel),
-    # and 1 row in f32 (routed) and int8 whose rows take the GPU's up kernel on eight warps a row
+    # and 1 row in f32 (routed) and int8 whose rows take the GPU's up kernel on eight warps a row, and 1 row at
+    # each format routed over all but the last expert, which is a fixed pick (a decode's shared expert)
     moe = [c["what"] for c in result["op_checks"] if c["op"] == "moe"]
-    assert len(moe) == 10 and len([w for w in moe if w.endswith(", routed first")]) == 3
+    assert len(moe) == 13 and len([w for w in moe if w.endswith(", routed first")]) == 3
+    assert len([w for w in moe if w.endswith(", a fixed sixth")]) == 3
     steps = [b for b in result["bad_input"] if "step" in b["case"] or "op " in b["case"] or "buffer" in b["case"]]
     assert len(steps) >= 13 and all(b["ok"] for b in steps)
     checks = [c for c in result["checks"] if c["op"] == "matmul"]
