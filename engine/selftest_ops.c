@@ -108,11 +108,24 @@ static void drop(arena *a) {
     for (int i = 0; i < a->n; i++) free(a->p[i]);
 }
 
+/* The next check's slot, cleared; past OP_CHECKS_MAX the last slot again, failing with
+ * a message, so that a check added without raising the bound fails the selftest
+ * instead of writing past the caller's array. */
+static op_check *next_check(op_check *checks, int *n, const char *name) {
+    const int full = *n >= OP_CHECKS_MAX;
+    op_check *c = &checks[full ? OP_CHECKS_MAX - 1 : (*n)++];
+    memset(c, 0, sizeof *c);
+    c->op = name;
+    if (full) {
+        c->status = -1;
+        snprintf(c->message, sizeof c->message, "more op checks than OP_CHECKS_MAX (%d)", OP_CHECKS_MAX);
+    }
+    return c;
+}
+
 #define F(n) ((float *)take(&A, (size_t)(n) * sizeof(float)))
 #define BEGIN(name, ...)                                                     \
-    op_check *c = &checks[n++];                                              \
-    memset(c, 0, sizeof *c);                                                 \
-    c->op = name;                                                            \
+    op_check *c = next_check(checks, &n, name);                              \
     snprintf(c->what, sizeof c->what, __VA_ARGS__);                          \
     ctx X = {b, c, {0}, {0}, 0, 0};                                          \
     arena A = {{0}, 0}
