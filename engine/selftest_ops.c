@@ -404,7 +404,8 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
     }
     static const char *names[] = {"f32", "int8", "int4"};
     /* int4 in groups of 32 with rows of 256 (gate, up) and 128 (down), which the GPU keeps
-     * in its mma layout, its down rows (16 words) a half team's each in a decode; 3 rows of 2 reach the GPU's experts grouped (experts 1 and 4 with
+     * in its mma layout, its down rows (16 words) a half team's each in a decode; 3 rows of 2
+     * reach the GPU's experts grouped (experts 1 and 4 with
      * more than one row), 1 row not; `routed`: a route op before it gives the picks and weights, as in a
      * decode's step (the GPU routes inside the experts' first kernel then), and 2: the route over all
      * but the last expert and the moe one pick more, the last expert's of weight 1, already in the

@@ -105,7 +105,8 @@ static bool route_then_moe(const coli_rec *r, int32_t k) {
     const coli_route_operands a = coli_unpack_route(&r->ops[k].op, r->ops[k].p);
     const coli_moe_operands m = coli_unpack_moe(&r->ops[k + 1].op, r->ops[k + 1].p);
     const int64_t experts = m.n_tensors / 3;
-    const bool same = m.k == a.k && a.experts == experts, one_more = m.rows == 1 && m.k == a.k + 1 && experts == a.experts + 1;
+    const bool same = m.k == a.k && a.experts == experts;
+    const bool one_more = m.rows == 1 && m.k == a.k + 1 && experts == a.experts + 1;
     return m.idx == a.idx && m.w == a.w && m.rows == a.rows && (same || one_more) && a.experts <= 1024 &&
            !moe_grouped(m.rows, m.k, experts);
 }
