@@ -581,7 +581,7 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
         const int32_t fixed = j < route.k ? 0 : idx[pair];
         if (threadIdx.x < WARP) route_row(route, row, picks, weights, s, lane);
         __syncthreads();
-        if (blockIdx.x == 0 && j == 0 && threadIdx.x < route.k)
+        if (blockIdx.x == 0 && j == 0 && (int)threadIdx.x < route.k)
             route.idx[row * k + threadIdx.x] = picks[threadIdx.x], route.w[row * k + threadIdx.x] = weights[threadIdx.x];
         e = j < route.k ? picks[j] : fixed;
     } else {
