@@ -263,34 +263,34 @@ static int record(model *m, int64_t n, coli_step *out, int64_t *ops, char *err, 
         mm(&r, &ly->o, d->bias_o, A(att), A(o), n);
         add(&r, coli_op_add(A(x), A(o), n * H));
         add(&r, coli_op_rmsnorm(A(x), d->post_norm, A(h), n, H, H, H, eps));
-        if (c->mlp_sparse[l] && n == 1 && d->shared_pick) {
-            /* A decode takes the shared expert as a pick of the moe op past the routed ones,
-             * of weight 1: added after them, as the add below adds it, with no join between
-             * streams before the add (a backend that spreads a step over streams launches
-             * the add only when the shared expert's branch has ended) and no kernels of its
-             * own beside the experts' (bench/RESULTS.md, "The shared expert as a fifth pick"). */
-            const int64_t K = c->experts_per_tok;
-            add(&r, coli_op_matmul(A(h), A(rlog), none(), n, &d->router));
-            add(&r, coli_op_route(A(rlog), d->router_bias, A(pidx), A(pw), n, c->experts, c->n_group, c->topk_group,
-                                  K, c->norm_topk_prob, (float)c->routed_scaling));
-            add(&r, coli_op_moe(A(h), A(pidx), A(pw), A(o), n, K + 1, d->experts, (int32_t)(3 * (c->experts + 1))));
-        } else if (c->mlp_sparse[l]) {
+        if (c->mlp_sparse[l]) {
             /* The router first and the route and experts last (model_forward runs the shared
              * expert, then those; each reads h alone and they write apart, so the sums are the
              * same): router, experts and the add after them are the layer's longest chain, and
              * a backend that spreads a step over streams chains an op to the one recorded
              * last before it that it depends on, so the chain starts at the norm and ends at
-             * the add with no join between streams, the shared expert beside it. */
+             * the add, the shared expert beside it. Where `fold` (a decode, shared_pick) the
+             * shared expert is instead a pick of the moe op past the routed ones, of weight 1
+             * (its pick and weight set once past the route's, in pidx and pw): added after
+             * them, as the add would add it, with no join between streams before the add (a
+             * backend that spreads a step over streams launches the add only when the shared
+             * expert's branch has ended) and no kernels of its own beside the experts'
+             * (bench/RESULTS.md, "The shared expert as a fifth pick"). */
+            const int fold = n == 1 && d->shared_pick;
             const int64_t S = c->moe_intermediate * c->shared_experts, K = c->experts_per_tok;
+            const coli_ref picks = fold ? A(pidx) : A(ridx), weights = fold ? A(pw) : A(rw);
             add(&r, coli_op_matmul(A(h), A(rlog), none(), n, &d->router));
-            mm(&r, &ly->sh_gate, none(), A(h), A(g), n);
-            mm(&r, &ly->sh_up, none(), A(h), A(u), n);
-            add(&r, coli_op_silu_mul(A(g), A(u), n * S));
-            mm(&r, &ly->sh_down, none(), A(g), A(sh), n);
-            add(&r, coli_op_route(A(rlog), d->router_bias, A(ridx), A(rw), n, c->experts, c->n_group, c->topk_group,
+            if (!fold) {
+                mm(&r, &ly->sh_gate, none(), A(h), A(g), n);
+                mm(&r, &ly->sh_up, none(), A(h), A(u), n);
+                add(&r, coli_op_silu_mul(A(g), A(u), n * S));
+                mm(&r, &ly->sh_down, none(), A(g), A(sh), n);
+            }
+            add(&r, coli_op_route(A(rlog), d->router_bias, picks, weights, n, c->experts, c->n_group, c->topk_group,
                                   K, c->norm_topk_prob, (float)c->routed_scaling));
-            add(&r, coli_op_moe(A(h), A(ridx), A(rw), A(o), n, K, d->experts, (int32_t)(3 * c->experts)));
-            add(&r, coli_op_add(A(o), A(sh), n * H));
+            add(&r, coli_op_moe(A(h), picks, weights, A(o), n, K + fold, d->experts,
+                                (int32_t)(3 * (c->experts + fold))));
+            if (!fold) add(&r, coli_op_add(A(o), A(sh), n * H));
         } else {
             mm(&r, &ly->gate, none(), A(h), A(g), n);
             mm(&r, &ly->up, none(), A(h), A(u), n);
