@@ -133,6 +133,13 @@ static op_check *next_check(op_check *checks, int *n, const char *name) {
     finish(&X);                                                              \
     drop(&A)
 
+/* Values of the long add in the checks of weights a step writes, the weights its last
+ * ones. The GPU backend runs an add of this many as 4,096 blocks of 256 threads, each
+ * thread taking every 2^20-th value, so its last block's last pass writes the last
+ * values, while the kernels after it have started (launched early once every block has
+ * started): a kernel that loaded the weights then would read them before the add. */
+#define WRITTEN_SPAN ((int64_t)9 << 20)
+
 static void check_norms(coli_backend *b, op_check *checks, int *pn) {
     int n = *pn;
     {
@@ -176,6 +183,47 @@ static void check_norms(coli_backend *b, op_check *checks, int *pn) {
         for (int r = 0; r < 2; r++) coli_layernorm(ref + r * 70, w, bv, 64, 1e-6f);
         get(&X, xr, got, 140 * 4);
         c->err = rel_err(got, ref, 140);
+        END();
+    }
+    {
+        /* a backend may load what no op of a step writes before the op before it has ended
+         * (the GPU's norm weights and rope frequencies): here one add of WRITTEN_SPAN values
+         * writes them all first, as its last values */
+        BEGIN("written weights", "add, rmsnorm; layernorm; rope of 3 rows of 32, after a long add to their weights");
+        const int64_t rows = 3, cols = 32, half = 8, all_n = WRITTEN_SPAN, at_n = all_n - 3 * cols - half;
+        float *xv = F(rows * cols), *y = F(rows * cols), *ref = F(rows * cols), *xs = F(rows * cols);
+        float *got = F(rows * cols), *all = F(all_n), *dall = F(all_n); /* the weights from at_n on, and what the add adds */
+        if (!all || !dall) {
+            c->status = -1;
+            snprintf(c->message, sizeof c->message, "out of host memory");
+        } else {
+            float *w = all + at_n, *lw = w + cols, *lb = lw + cols, *inv = lb + cols;
+            fill(xv, rows * cols, 1.0f), fill(y, rows * cols, 1.0f), fill(w, 3 * cols, 1.0f);
+            fill(dall + at_n, 3 * cols, 0.5f), fill(inv, half, 0.5f), fill(dall + at_n + 3 * cols, half, 0.1f);
+            const size_t rb = (size_t)(rows * cols) * 4;
+            coli_ref xr = put(&X, xv, rb), yr = put(&X, y, rb), o = put(&X, NULL, rb);
+            coli_ref ar = put(&X, all, (size_t)all_n * 4), dr = put(&X, dall, (size_t)all_n * 4);
+            const uint64_t at = (uint64_t)at_n * 4;
+            const coli_ref wr = {ar.buffer, at}, lwr = {ar.buffer, at + (uint64_t)cols * 4};
+            const coli_ref lbr = {ar.buffer, at + (uint64_t)(2 * cols) * 4}, ir = {ar.buffer, at + (uint64_t)(3 * cols) * 4};
+            const coli_op ops[] = {coli_op_add(ar, dr, all_n), coli_op_add(xr, yr, rows * cols),
+                                   coli_op_rmsnorm(xr, wr, o, rows, cols, cols, cols, 1e-5f),
+                                   coli_op_layernorm(o, lwr, lbr, rows, cols, cols, 1e-5f),
+                                   coli_op_rope(o, ir, rows, 2, cols, 16, 16)};
+            run_ops(&X, ops, (int)(sizeof ops / sizeof ops[0]), 7, 2);
+            memcpy(xs, xv, rb);
+            for (int t = 0; t < 2; t++) { /* the CPU's ops in turn, each run */
+                for (int64_t i = at_n; i < all_n; i++) all[i] += dall[i];
+                for (int64_t i = 0; i < rows * cols; i++) xs[i] += y[i];
+                for (int64_t r = 0; r < rows; r++) {
+                    coli_rmsnorm(xs + r * cols, w, cols, 1e-5f, ref + r * cols);
+                    coli_layernorm(ref + r * cols, lw, lb, cols, 1e-5f);
+                    for (int64_t h = 0; h < 2; h++) coli_rope(ref + r * cols + h * 16, 16, inv, 7 + r);
+                }
+            }
+            get(&X, o, got, rb);
+            c->err = rel_err(got, ref, rows * cols);
+        }
         END();
     }
     *pn = n;
@@ -425,22 +473,28 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         const int64_t K = routed == 2 ? 3 : 2, KR = routed == 2 ? 2 : K, ER = routed == 2 ? E - 1 : E;
         BEGIN("moe", "%s, 6 experts (%lld x %lld, groups of %d), %lld row(s) of %lld%s", names[fmt], (long long)I,
               (long long)H, (int)G, (long long)rows, (long long)K,
-              routed == 2 ? ", routed over 5, a fixed sixth" : routed ? ", routed first" : "");
+              routed == 2 ? ", routed over 5, a fixed sixth" : routed ? ", routed first, bias written" : "");
         float *xv = F(rows * H), *w = F(rows * K), *ref = F(rows * H), *got = F(rows * H);
         float *g = F(I), *u = F(I), *eo = F(H), *wf = F(3 * E * I * H), *sc = F(3 * E * (I * H / G + H));
+        /* routed 1: the bias as uploaded, the last values of WRITTEN_SPAN, and what the step adds to them each run */
+        const int64_t lead = routed == 1 ? WRITTEN_SPAN - ER : 0;
+        float *bias_all = F(lead + ER), *dbias_all = F(lead + ER);
         int8_t *q8 = take(&A, (size_t)(3 * E * I * H));
         uint8_t *q4 = take(&A, (size_t)(3 * E * I * H / 2));
         int32_t idx[6] = {4, 1, 0, 1, 1, 4}, gi[6];
         float lg[6 * 3], bias[6];
-        if (!q8 || !q4 || !sc) {
+        if (!q8 || !q4 || !sc || !bias_all || !dbias_all) {
             c->status = -1;
             snprintf(c->message, sizeof c->message, "out of host memory");
             END();
             continue;
         }
+        float *bias0 = bias_all + lead, *dbias = dbias_all + lead;
         fill(xv, rows * H, 1.0f), fill(w, rows * K, 1.0f), fill(wf, 3 * E * I * H, 0.3f);
         if (routed) {
-            fill(lg, rows * ER, 3.0f), fill(bias, ER, 0.5f);
+            fill(lg, rows * ER, 3.0f), fill(bias0, ER, 0.5f), fill(dbias, ER, 0.5f);
+            for (int64_t e = 0; e < ER; e++) /* routed 1: the route reads it after the second run's add */
+                bias[e] = routed == 1 ? (bias0[e] + dbias[e]) + dbias[e] : bias0[e];
             for (int64_t r = 0; r < rows; r++) {
                 coli_route(lg + r * ER, bias, ER, 1, 1, KR, 1, 2.5f, idx + r * K, w + r * K);
                 if (KR < K) idx[r * K + KR] = (int32_t)(E - 1), w[r * K + KR] = 1.0f;
@@ -488,9 +542,13 @@ static void check_experts(coli_backend *b, op_check *checks, int *pn) {
         coli_ref wr = put(&X, routed ? fixed_w : w, (size_t)(rows * K) * 4), o = put(&X, NULL, (size_t)(rows * H) * 4);
         const coli_op moe = coli_op_moe(xr, ir, wr, o, rows, K, X.tensors, (int32_t)(3 * E));
         if (routed) {
-            coli_ref l = put(&X, lg, (size_t)(rows * ER) * 4), br = put(&X, bias, (size_t)ER * 4);
-            const coli_op ops[2] = {coli_op_route(l, br, ir, wr, rows, ER, 1, 1, KR, 1, 2.5f), moe};
-            run_ops(&X, ops, 2, 0, 2);
+            /* routed 1: a long add ends at the bias, before the route reads it */
+            coli_ref l = put(&X, lg, (size_t)(rows * ER) * 4);
+            coli_ref ba = put(&X, bias_all, (size_t)(lead + ER) * 4), dr = put(&X, dbias_all, (size_t)(lead + ER) * 4);
+            const coli_ref br = {ba.buffer, (uint64_t)lead * 4};
+            const coli_op ops[3] = {coli_op_add(ba, dr, lead + ER),
+                                    coli_op_route(l, br, ir, wr, rows, ER, 1, 1, KR, 1, 2.5f), moe};
+            run_ops(&X, ops + (routed == 1 ? 0 : 1), routed == 1 ? 3 : 2, 0, 2);
         } else {
             run_op(&X, moe, 0, 2);
         }

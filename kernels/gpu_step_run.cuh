@@ -32,6 +32,7 @@ struct gpu_rec {
     size_t plane_floats;  /* a slot's */
     int32_t *plane_slot;  /* per op: its slot of planes, -1 for none */
     dev_weight **tables;  /* per op: the moe op's experts, else NULL */
+    uint8_t *fixed;       /* per op: bit i where its ref i reads a buffer no op of the step writes */
     int32_t n_ops;
     gpu_unit *units;
     coli_unit_plan *plan;
@@ -176,6 +177,16 @@ static coli_status gpu_rec_plan(const coli_rec *r, gpu_rec *g) {
         k += u->len;
     }
     planned = planned && !coli_plan_queues(units, g->n_units, g->queues, g->plan);
+    /* what the step never writes, which a kernel may load before its wait (step_plan.h) */
+    for (int32_t k = 0; planned && k < r->count; k++) {
+        const coli_rec_op *o = &r->ops[k];
+        const coli_op_info *info = coli_op_info_of(o->op.kind);
+        for (int32_t i = 0; i < info->refs && i < 8; i++) {
+            const coli_span s = span_of(o->p[i], o->reach[i], 0);
+            if (o->buf[i] && !info->out[i] && coli_span_unwritten(units, g->n_units, &s))
+                g->fixed[k] |= (uint8_t)(1u << i);
+        }
+    }
     free(spans);
     free(units);
     if (!planned) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
@@ -199,7 +210,8 @@ static coli_status gpu_rec_make(coli_rec *r, gpu_rec **out) {
     r->impl = g;
     g->tables = (dev_weight **)calloc((size_t)r->count, sizeof *g->tables);
     g->plane_slot = (int32_t *)malloc((size_t)r->count * sizeof *g->plane_slot);
-    if (!g->tables || !g->plane_slot) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
+    g->fixed = (uint8_t *)calloc((size_t)r->count, sizeof *g->fixed);
+    if (!g->tables || !g->plane_slot || !g->fixed) return coli_fail(COLI_E_OUT_OF_MEMORY, "step_end: out of host memory");
     g->n_ops = r->count;
     size_t planes = 0, scores = 0, gu = 0, eo = 0, tiles = 0, orders = 0, counts = 0;
     int32_t matmuls = 0;
@@ -287,6 +299,7 @@ static void rec_release(coli_rec *r) {
         if (e) (void)cudaEventDestroy(e);
     free(g->tables);
     free(g->plane_slot);
+    free(g->fixed);
     free(g->units);
     free(g->plan);
     free(g->done);
@@ -298,11 +311,14 @@ static void rec_release(coli_rec *r) {
 }
 
 /* The route op's operands as its kernels take them. */
-static route_args route_args_of(const coli_rec_op *o) {
+static route_args route_args_of(const coli_rec_op *o, bool bias_early) {
     const coli_route_operands a = coli_unpack_route(&o->op, o->p);
     return route_args{a.logits, a.bias, a.idx, a.w, (int)a.experts, (int)a.groups, (int)a.topk_group, (int)a.k,
-                      (int)a.norm, a.scaling};
+                      (int)a.norm, a.scaling, bias_early};
 }
+
+/* Whether ref i of op k reads what the step never writes (gpu_rec's fixed). */
+static bool fixed_ref(const gpu_rec *g, int32_t k, int i) { return g->fixed[k] >> i & 1u; }
 
 /* A decode's moe_up_kernel, HELD words a lane of a row's piece; routed where the
  * route op before it is its too. */
@@ -318,10 +334,11 @@ static void moe_up_launch(bool routed, dim3 grid, cudaStream_t st, const dev_wei
                      a.idx, g->moe_gu, a.k, inter, hid, experts, split, ra);
 }
 
-/* `route`: the route op before it, where the two are one unit (UNIT_ROUTE_MOE), else NULL. */
+/* `route`: the route op before it, where the two are one unit (UNIT_ROUTE_MOE), else NULL;
+ * bias_early: the step never writes its bias (gpu_rec's fixed). */
 template <int FORMAT>
 static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight *table, const coli_rec_op *route,
-                       cudaStream_t st) {
+                       bool bias_early, cudaStream_t st) {
     const coli_moe_operands a = coli_unpack_moe(&o->op, o->p);
     const int64_t inter = o->w[0]->rows, hid = o->w[0]->cols, experts = a.n_tensors / 3, pairs = a.rows * a.k;
     const int per = STEP_THREADS / WARP;
@@ -348,7 +365,7 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
     const int split = moe_up_split<FORMAT>(hid);
     const unsigned rows_a_block = (unsigned)(per / split), decode_up_blocks = (unsigned)((inter + rows_a_block - 1) / rows_a_block);
     const dim3 up_grid(decode_up_blocks, (unsigned)pairs);
-    const route_args ra = route ? route_args_of(route) : route_args{};
+    const route_args ra = route ? route_args_of(route, bias_early) : route_args{};
     const int64_t held = (piece_words<FORMAT>(hid, split) + WARP - 1) / WARP; /* words a lane of a piece */
     if (held <= 2) moe_up_launch<FORMAT, 2>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
     else if (held <= 4) moe_up_launch<FORMAT, 4>(route, up_grid, st, table, a, g, inter, hid, experts, split, ra);
@@ -376,9 +393,10 @@ static void launch_moe(const coli_rec_op *o, const gpu_rec *g, const dev_weight 
 /* The moe op at `at` (`route`: as launch_moe's). */
 static void launch_moe_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, const coli_rec_op *route, cudaStream_t st) {
     const dev_weight *table = g->tables[at];
-    if (o->w[0]->format == COLI_FMT_F32) launch_moe<COLI_FMT_F32>(o, g, table, route, st);
-    else if (o->w[0]->format == COLI_FMT_Q8) launch_moe<COLI_FMT_Q8>(o, g, table, route, st);
-    else launch_moe<COLI_FMT_Q4>(o, g, table, route, st);
+    const bool early = route && fixed_ref(g, at - 1, 1); /* the route is the op before: route_then_moe */
+    if (o->w[0]->format == COLI_FMT_F32) launch_moe<COLI_FMT_F32>(o, g, table, route, early, st);
+    else if (o->w[0]->format == COLI_FMT_Q8) launch_moe<COLI_FMT_Q8>(o, g, table, route, early, st);
+    else launch_moe<COLI_FMT_Q4>(o, g, table, route, early, st);
 }
 
 /* Queues one op; the launch's error, if any, is read once after the step. */
@@ -394,20 +412,22 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_RMSNORM: {
         const coli_rmsnorm_operands a = coli_unpack_rmsnorm(&o->op, p);
-        launch_early(chain_calls(), rmsnorm_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.x, a.w,
-            a.out, a.n, a.x_stride, a.out_stride, a.eps);
+        launch_early(chain_calls(), fixed_ref(g, at, 1) ? rmsnorm_kernel<true> : rmsnorm_kernel<false>,
+            dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.x, a.w, a.out, a.n, a.x_stride, a.out_stride, a.eps);
         break;
     }
     case COLI_OP_LAYERNORM: {
         const coli_layernorm_operands a = coli_unpack_layernorm(&o->op, p);
-        launch_early(chain_calls(), layernorm_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st, a.x, a.w,
-            a.b, a.n, a.stride, a.eps);
+        const bool early = fixed_ref(g, at, 1) && fixed_ref(g, at, 2);
+        launch_early(chain_calls(), early ? layernorm_kernel<true> : layernorm_kernel<false>, dim3((unsigned)a.rows),
+            dim3(STEP_THREADS), 0, st, a.x, a.w, a.b, a.n, a.stride, a.eps);
         break;
     }
     case COLI_OP_ROPE: {
         const coli_rope_operands a = coli_unpack_rope(&o->op, p);
-        launch_early(chain_calls(), rope_kernel, dim3((unsigned)(a.rows * a.heads)), dim3(64), 0, st, a.x, a.inv_freq,
-            pos, a.heads, a.row_stride, a.head_stride, a.dim);
+        launch_early(chain_calls(), fixed_ref(g, at, 1) ? rope_kernel<true> : rope_kernel<false>,
+            dim3((unsigned)(a.rows * a.heads)), dim3(64), 0, st, a.x, a.inv_freq, pos, a.heads, a.row_stride,
+            a.head_stride, a.dim);
         break;
     }
     case COLI_OP_MATMUL: {
@@ -456,7 +476,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ROUTE: {
         const coli_route_operands a = coli_unpack_route(&o->op, p);
-        launch_early(chain_calls(), route_kernel, dim3((unsigned)a.rows), dim3(WARP), 0, st, route_args_of(o));
+        launch_early(chain_calls(), route_kernel, dim3((unsigned)a.rows), dim3(WARP), 0, st, route_args_of(o, false));
         break;
     }
     case COLI_OP_MOE: launch_moe_op(o, at, g, NULL, st); break;
@@ -475,15 +495,16 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
 }
 
 /* A UNIT_ADD_RMSNORM unit (2 or 3 ops) as one add_rmsnorm_kernel. */
-static void launch_add_rmsnorm(const coli_rec *r, const gpu_unit *u, cudaStream_t st) {
+static void launch_add_rmsnorm(const coli_rec *r, const gpu_rec *g, const gpu_unit *u, cudaStream_t st) {
     const coli_rec_op *first = &r->ops[u->first], *norm = &r->ops[u->first + u->len - 1];
     const coli_add_operands a = coli_unpack_add(&first->op, first->p);
     const coli_rmsnorm_operands n = coli_unpack_rmsnorm(&norm->op, norm->p);
     float *x = a.x, *y = (float *)a.y;
     const float *z = NULL;
     if (u->len == 3) x = coli_unpack_add(&r->ops[u->first + 1].op, r->ops[u->first + 1].p).x, y = a.x, z = a.y;
-    launch_early(chain_calls(), add_rmsnorm_kernel, dim3((unsigned)n.rows), dim3(STEP_THREADS), 0, st, x, y, z, n.w,
-        n.out, n.n, n.out_stride, n.eps);
+    launch_early(chain_calls(),
+        fixed_ref(g, u->first + u->len - 1, 1) ? add_rmsnorm_kernel<true> : add_rmsnorm_kernel<false>,
+        dim3((unsigned)n.rows), dim3(STEP_THREADS), 0, st, x, y, z, n.w, n.out, n.n, n.out_stride, n.eps);
 }
 
 /* COLI_GPU_OMIT=kind,... leaves ops out of every run, to measure what each kind adds to
@@ -550,7 +571,7 @@ static coli_status launch_ops(const coli_rec *r, const gpu_rec *g) {
         if (!omit(slot, st)) {
             if (unit->kind == UNIT_OP) launch_op(first, unit->first, g, st);
             else if (unit->kind == UNIT_ROUTE_MOE) launch_moe_op(first + 1, unit->first + 1, g, first, st);
-            else launch_add_rmsnorm(r, unit, st);
+            else launch_add_rmsnorm(r, g, unit, st);
         }
         if (pl->waited) GPU_CHECK(cudaEventRecord(g->done[u], st));
     }

@@ -72,20 +72,41 @@ __global__ void embed_kernel(const float *table, const int32_t *ids, float *out,
  * turn. Each thread adds its values in the loop's order, so the sums are the same. */
 #define NORM_HELD 8
 
+/* A norm's weights, held as its row is (where the row fits, else 0s). EARLY: no op of
+ * the step writes them (the backend checks the spans, step_plan.h), so they load before
+ * the kernel waits for the one before it, and its loads after the wait come from L2 (the
+ * row the kernel before wrote), not also from memory (a weight read once a token is out
+ * of L2 by the next token); else after the wait. rope's frequencies, layernorm's weights
+ * and the route's bias go the same way. A template argument, not a kernel's: with a
+ * branch on each side of the wait the decode was slower than with the early loads
+ * alone. */
+__device__ inline void norm_weights_held(const float *w, int64_t n, float (&wv)[NORM_HELD]) {
+    const bool held = n <= NORM_HELD * (int64_t)blockDim.x;
+#pragma unroll
+    for (int j = 0; j < NORM_HELD; j++) {
+        const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
+        wv[j] = held && i < n ? w[i] : 0.0f;
+    }
+}
+
+template <bool EARLY>
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64_t n, int64_t xs, int64_t os,
                                float eps) {
-    STEP_KERNEL_BEGIN();
+    coli_allow_next_grid();
+    float wv[NORM_HELD];
+    if (EARLY) norm_weights_held(w, n, wv);
+    coli_wait_prior_grid();
+    if (!EARLY) norm_weights_held(w, n, wv);
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * xs;
     float *orow = out + blockIdx.x * os;
     float ss = 0.0f;
     if (n <= NORM_HELD * (int64_t)blockDim.x) {
-        float v[NORM_HELD], wv[NORM_HELD];
+        float v[NORM_HELD];
 #pragma unroll
         for (int j = 0; j < NORM_HELD; j++) {
             const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
             v[j] = i < n ? xr[i] : 0.0f;
-            wv[j] = i < n ? w[i] : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_HELD; j++)
@@ -109,22 +130,26 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64
  * and after each MLP): x += y, out = rmsnorm(x); with z, first y += z (the shared
  * expert's output added to the routed ones'), as the ops would in turn. Each thread
  * rereads only what it wrote; the row is held as rmsnorm_kernel holds it. */
+template <bool EARLY>
 __global__ void add_rmsnorm_kernel(float *x, float *y, const float *z, const float *w, float *out, int64_t n,
                                    int64_t os, float eps) {
-    STEP_KERNEL_BEGIN();
+    coli_allow_next_grid();
+    float wv[NORM_HELD];
+    if (EARLY) norm_weights_held(w, n, wv);
+    coli_wait_prior_grid();
+    if (!EARLY) norm_weights_held(w, n, wv);
     __shared__ float red[32];
     float *xr = x + blockIdx.x * n, *yr = y + blockIdx.x * n;
     const float *zr = z ? z + blockIdx.x * n : NULL;
     float ss = 0.0f;
     if (n <= NORM_HELD * (int64_t)blockDim.x) {
-        float v[NORM_HELD], yv[NORM_HELD], zv[NORM_HELD], wv[NORM_HELD];
+        float v[NORM_HELD], yv[NORM_HELD], zv[NORM_HELD];
 #pragma unroll
         for (int j = 0; j < NORM_HELD; j++) {
             const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
             v[j] = i < n ? xr[i] : 0.0f;
             yv[j] = i < n ? yr[i] : 0.0f;
             zv[j] = i < n && zr ? zr[i] : 0.0f;
-            wv[j] = i < n ? w[i] : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_HELD; j++) {
@@ -156,8 +181,15 @@ __global__ void add_rmsnorm_kernel(float *x, float *y, const float *z, const flo
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[blockIdx.x * os + i] = w[i] * (xr[i] * r);
 }
 
+template <bool EARLY>
 __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64_t n, int64_t stride, float eps) {
-    STEP_KERNEL_BEGIN();
+    coli_allow_next_grid();
+    /* a thread's first weight and bias, as norm_weights_held's */
+    const bool mine = threadIdx.x < n;
+    float w0 = 0.0f, b0 = 0.0f;
+    if (EARLY && mine) w0 = w[threadIdx.x], b0 = b[threadIdx.x];
+    coli_wait_prior_grid();
+    if (!EARLY && mine) w0 = w[threadIdx.x], b0 = b[threadIdx.x];
     __shared__ float red[32];
     float *xr = x + blockIdx.x * stride;
     float s = 0.0f;
@@ -166,21 +198,30 @@ __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64
     float v = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
     const float r = 1.0f / sqrtf(block_sum(v, red) / (float)n + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] = (xr[i] - mean) * r * w[i] + b[i];
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        xr[i] = (xr[i] - mean) * r * (i == threadIdx.x ? w0 : w[i]) + (i == threadIdx.x ? b0 : b[i]);
 }
 
 /* One block per (row, head): the pairs are read whole before any is written. */
+template <bool EARLY>
 __global__ void rope_kernel(float *x, const float *inv_freq, const int64_t *pos, int64_t heads, int64_t row_stride,
                             int64_t head_stride, int64_t dim) {
-    STEP_KERNEL_BEGIN();
+    coli_allow_next_grid();
+    const int64_t half = dim / 2;
+    /* a thread's first frequency, as norm_weights_held's */
+    float f0 = 0.0f;
+    if (EARLY && threadIdx.x < half) f0 = inv_freq[threadIdx.x];
+    coli_wait_prior_grid();
+    if (!EARLY && threadIdx.x < half) f0 = inv_freq[threadIdx.x];
     __shared__ float v[512];
-    const int64_t r = blockIdx.x / (uint32_t)heads, h = blockIdx.x % (uint32_t)heads, half = dim / 2; /* 32-bit */
+    const int64_t r = blockIdx.x / (uint32_t)heads, h = blockIdx.x % (uint32_t)heads; /* 32-bit */
     float *p = x + r * row_stride + h * head_stride;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = p[i];
     __syncthreads();
     const float at = (float)(*pos + r);
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-        const float f = at * inv_freq[i], c = cosf(f), s = sinf(f), a = v[2 * i], b = v[2 * i + 1];
+        const float f = at * (i == threadIdx.x ? f0 : inv_freq[i]), c = cosf(f), s = sinf(f);
+        const float a = v[2 * i], b = v[2 * i + 1];
         p[i] = a * c - b * s;
         p[half + i] = b * c + a * s;
     }
@@ -285,6 +326,7 @@ struct route_args {
     float *w;
     int experts, groups, topk_group, k, norm;
     float scaling;
+    bool bias_early; /* as norm_weights_held's early */
 };
 
 /* route_row's scratch, in shared memory. */
@@ -568,6 +610,9 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     const bool tabled = experts <= EXPERT_TABLE;
     if (tabled)
         for (int64_t t = threadIdx.x; t < 2 * experts; t += blockDim.x) table[t] = ws[3 * (t / 2) + t % 2];
+    /* the route's bias into L1 before the wait, as norm_weights_held's weights */
+    if (ROUTED && route.bias_early && threadIdx.x < WARP)
+        for (int e = (int)threadIdx.x * 32; e < route.experts; e += WARP * 32) coli_prefetch_l1(route.bias + e);
     coli_wait_prior_grid();
     const int warp = threadIdx.x / WARP, piece = warp % split, lane = threadIdx.x % WARP;
     const int64_t pair = blockIdx.y, i = blockIdx.x * (int64_t)(blockDim.x / WARP / split) + warp / split;

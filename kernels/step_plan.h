@@ -40,6 +40,18 @@ static inline int coli_units_conflict(const coli_unit *a, const coli_unit *b) {
     return 0;
 }
 
+/* Whether no unit of n writes a byte of `s`: what a step never changes (a norm's
+ * weights), which a kernel launched before the one before it has ended may then load
+ * before it waits for it. */
+static inline int coli_span_unwritten(const coli_unit *units, int32_t n, const coli_span *s) {
+    for (int32_t u = 0; u < n; u++)
+        for (int32_t i = 0; i < units[u].n_spans; i++) {
+            const coli_span *x = &units[u].spans[i];
+            if (x->write && x->lo < s->hi && s->lo < x->hi) return 0;
+        }
+    return 1;
+}
+
 /* Plans n units on `queues` queues (1..COLI_MAX_QUEUES); 1 when out of host memory. */
 static inline int coli_plan_queues(const coli_unit *units, int32_t n, int32_t queues, coli_unit_plan *plan) {
     /* after[u][q]: the latest unit of queue q that unit u is known to run after */

@@ -70,6 +70,28 @@ int main(void) {
     }
     printf("every conflicting pair ordered: %ld pairs\n", pairs);
 
+    /* what no unit writes, against a map of the bytes written */
+    long unwritten = 0, written = 0;
+    for (int it = 0; it < 500; it++) {
+        const int32_t n = 1 + rand() % MAX_UNITS;
+        random_units(n, 2 + it % 6);
+        unsigned char hit[430] = {0};
+        for (int32_t u = 0; u < n; u++)
+            for (int32_t s = 0; s < units[u].n_spans; s++)
+                if (spans[u][s].write) memset(hit + spans[u][s].lo, 1, spans[u][s].hi - spans[u][s].lo);
+        for (int k = 0; k < 20; k++) {
+            const uintptr_t lo = (uintptr_t)(rand() % 420);
+            const coli_span probe = {lo, lo + 1 + (uintptr_t)(rand() % 8), 0};
+            int any = 0;
+            for (uintptr_t b = probe.lo; b < probe.hi; b++) any |= hit[b];
+            if (coli_span_unwritten(units, n, &probe) == any)
+                return printf("bytes [%lu, %lu) %s written, the planner says otherwise\n", (unsigned long)probe.lo,
+                              (unsigned long)probe.hi, any ? "are" : "are not"), 1;
+            any ? written++ : unwritten++;
+        }
+    }
+    printf("unwritten spans found: %ld unwritten, %ld written\n", unwritten, written);
+
     /* one writer, then four readers of it that write apart, then one that reads all four */
     const int32_t n = 6;
     for (int32_t u = 0; u < n; u++) units[u].spans = spans[u];

@@ -1,7 +1,8 @@
 """The GPU backend's step planner (kernels/step_plan.h: which recorded ops may run
 side by side on several streams), compiled with gcc under ASan/UBSan and run on
-random units: every conflicting pair is ordered, one queue never waits, and a
-fan-out spreads over the queues."""
+random units: every conflicting pair is ordered, one queue never waits, a
+fan-out spreads over the queues, and a span no unit writes is told from one some unit
+writes."""
 
 from __future__ import annotations
 
@@ -19,3 +20,4 @@ def test_the_plan_orders_every_conflict_and_spreads_the_rest(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every conflicting pair ordered" in proc.stdout
     assert "a fan-out of 4 takes 4 queues and the join waits for all" in proc.stdout
+    assert "unwritten spans found" in proc.stdout
