@@ -189,7 +189,7 @@ static void check_norms(coli_backend *b, op_check *checks, int *pn) {
         /* a backend may load what no op of a step writes before the op before it has ended
          * (the GPU's norm weights and rope frequencies): here one add of WRITTEN_SPAN values
          * writes them all first, as its last values */
-        BEGIN("written weights", "add, rmsnorm; layernorm; rope of 3 rows of 32, after a long add to their weights");
+        BEGIN("add, rmsnorm, layernorm, rope", "3 rows of 32, the weights the last values of a long add before them");
         const int64_t rows = 3, cols = 32, half = 8, all_n = WRITTEN_SPAN, at_n = all_n - 3 * cols - half;
         float *xv = F(rows * cols), *y = F(rows * cols), *ref = F(rows * cols), *xs = F(rows * cols);
         float *got = F(rows * cols), *all = F(all_n), *dall = F(all_n); /* the weights from at_n on, and what the add adds */
