@@ -326,7 +326,7 @@ struct route_args {
     float *w;
     int experts, groups, topk_group, k, norm;
     float scaling;
-    bool bias_early; /* as norm_weights_held's early */
+    bool bias_early; /* as norm_weights_held's EARLY: no op of the step writes the bias */
 };
 
 /* route_row's scratch, in shared memory. */
