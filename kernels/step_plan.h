@@ -44,11 +44,10 @@ static inline int coli_units_conflict(const coli_unit *a, const coli_unit *b) {
  * weights), which a kernel launched before the one before it has ended may then load
  * before it waits for it. */
 static inline int coli_span_unwritten(const coli_unit *units, int32_t n, const coli_span *s) {
+    const coli_span read = {s->lo, s->hi, 0};
+    const coli_unit reader = {&read, 1}; /* conflicts only with a unit that writes there */
     for (int32_t u = 0; u < n; u++)
-        for (int32_t i = 0; i < units[u].n_spans; i++) {
-            const coli_span *x = &units[u].spans[i];
-            if (x->write && x->lo < s->hi && s->lo < x->hi) return 0;
-        }
+        if (coli_units_conflict(&units[u], &reader)) return 0;
     return 1;
 }
 
