@@ -80,6 +80,13 @@ __global__ void embed_kernel(const float *table, const int32_t *ids, float *out,
  * and the route's bias go the same way. A template argument, not a kernel's: with a
  * branch on each side of the wait the decode was slower than with the early loads
  * alone. */
+/* load() before the wait for the kernel before where EARLY, else after it. */
+template <bool EARLY, typename Load> __device__ inline void load_then_wait(Load load) {
+    if (EARLY) load();
+    coli_wait_prior_grid();
+    if (!EARLY) load();
+}
+
 __device__ inline void norm_weights_held(const float *w, int64_t n, float (&wv)[NORM_HELD]) {
     const bool held = n <= NORM_HELD * (int64_t)blockDim.x;
 #pragma unroll
@@ -94,9 +101,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *out, int64
                                float eps) {
     coli_allow_next_grid();
     float wv[NORM_HELD];
-    if (EARLY) norm_weights_held(w, n, wv);
-    coli_wait_prior_grid();
-    if (!EARLY) norm_weights_held(w, n, wv);
+    load_then_wait<EARLY>([&] { norm_weights_held(w, n, wv); });
     __shared__ float red[32];
     const float *xr = x + blockIdx.x * xs;
     float *orow = out + blockIdx.x * os;
@@ -135,9 +140,7 @@ __global__ void add_rmsnorm_kernel(float *x, float *y, const float *z, const flo
                                    int64_t os, float eps) {
     coli_allow_next_grid();
     float wv[NORM_HELD];
-    if (EARLY) norm_weights_held(w, n, wv);
-    coli_wait_prior_grid();
-    if (!EARLY) norm_weights_held(w, n, wv);
+    load_then_wait<EARLY>([&] { norm_weights_held(w, n, wv); });
     __shared__ float red[32];
     float *xr = x + blockIdx.x * n, *yr = y + blockIdx.x * n;
     const float *zr = z ? z + blockIdx.x * n : NULL;
@@ -187,9 +190,9 @@ __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64
     /* a thread's first weight and bias, as norm_weights_held's */
     const bool mine = threadIdx.x < n;
     float w0 = 0.0f, b0 = 0.0f;
-    if (EARLY && mine) w0 = w[threadIdx.x], b0 = b[threadIdx.x];
-    coli_wait_prior_grid();
-    if (!EARLY && mine) w0 = w[threadIdx.x], b0 = b[threadIdx.x];
+    load_then_wait<EARLY>([&] {
+        if (mine) w0 = w[threadIdx.x], b0 = b[threadIdx.x];
+    });
     __shared__ float red[32];
     float *xr = x + blockIdx.x * stride;
     float s = 0.0f;
@@ -210,9 +213,9 @@ __global__ void rope_kernel(float *x, const float *inv_freq, const int64_t *pos,
     const int64_t half = dim / 2;
     /* a thread's first frequency, as norm_weights_held's */
     float f0 = 0.0f;
-    if (EARLY && threadIdx.x < half) f0 = inv_freq[threadIdx.x];
-    coli_wait_prior_grid();
-    if (!EARLY && threadIdx.x < half) f0 = inv_freq[threadIdx.x];
+    load_then_wait<EARLY>([&] {
+        if (threadIdx.x < half) f0 = inv_freq[threadIdx.x];
+    });
     __shared__ float v[512];
     const int64_t r = blockIdx.x / (uint32_t)heads, h = blockIdx.x % (uint32_t)heads; /* 32-bit */
     float *p = x + r * row_stride + h * head_stride;
