@@ -72,21 +72,20 @@ __global__ void embed_kernel(const float *table, const int32_t *ids, float *out,
  * turn. Each thread adds its values in the loop's order, so the sums are the same. */
 #define NORM_HELD 8
 
-/* A norm's weights, held as its row is (where the row fits, else 0s). EARLY: no op of
- * the step writes them (the backend checks the spans, step_plan.h), so they load before
- * the kernel waits for the one before it, and its loads after the wait come from L2 (the
- * row the kernel before wrote), not also from memory (a weight read once a token is out
- * of L2 by the next token); else after the wait. rope's frequencies, layernorm's weights
- * and the route's bias go the same way. A template argument, not a kernel's: with a
- * branch on each side of the wait the decode was slower than with the early loads
- * alone. */
-/* load() before the wait for the kernel before where EARLY, else after it. */
+/* load() before the kernel waits for the one before it where EARLY: no op of the step
+ * writes what it loads (the backend checks the spans, step_plan.h), so the kernel's loads
+ * after the wait come from L2 (the row the kernel before wrote), not also from memory (a
+ * weight read once a token is out of L2 by the next token); else after the wait. The
+ * norms' weights, layernorm's, rope's frequencies; the route's bias goes the same way.
+ * A template argument, not a kernel's: with a branch on each side of the wait the
+ * decode was slower than with the early loads alone. */
 template <bool EARLY, typename Load> __device__ inline void load_then_wait(Load load) {
     if (EARLY) load();
     coli_wait_prior_grid();
     if (!EARLY) load();
 }
 
+/* A norm's weights, held as its row is (where the row fits, else 0s). */
 __device__ inline void norm_weights_held(const float *w, int64_t n, float (&wv)[NORM_HELD]) {
     const bool held = n <= NORM_HELD * (int64_t)blockDim.x;
 #pragma unroll
@@ -187,7 +186,7 @@ __global__ void add_rmsnorm_kernel(float *x, float *y, const float *z, const flo
 template <bool EARLY>
 __global__ void layernorm_kernel(float *x, const float *w, const float *b, int64_t n, int64_t stride, float eps) {
     coli_allow_next_grid();
-    /* a thread's first weight and bias, as norm_weights_held's */
+    /* a thread's first weight and bias, held */
     const bool mine = threadIdx.x < n;
     float w0 = 0.0f, b0 = 0.0f;
     load_then_wait<EARLY>([&] {
@@ -211,7 +210,7 @@ __global__ void rope_kernel(float *x, const float *inv_freq, const int64_t *pos,
                             int64_t head_stride, int64_t dim) {
     coli_allow_next_grid();
     const int64_t half = dim / 2;
-    /* a thread's first frequency, as norm_weights_held's */
+    /* a thread's first frequency, held */
     float f0 = 0.0f;
     load_then_wait<EARLY>([&] {
         if (threadIdx.x < half) f0 = inv_freq[threadIdx.x];
@@ -329,7 +328,7 @@ struct route_args {
     float *w;
     int experts, groups, topk_group, k, norm;
     float scaling;
-    bool bias_early; /* as norm_weights_held's EARLY: no op of the step writes the bias */
+    bool bias_early; /* as load_then_wait's EARLY: no op of the step writes the bias */
 };
 
 /* route_row's scratch, in shared memory. */
@@ -613,7 +612,7 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     const bool tabled = experts <= EXPERT_TABLE;
     if (tabled)
         for (int64_t t = threadIdx.x; t < 2 * experts; t += blockDim.x) table[t] = ws[3 * (t / 2) + t % 2];
-    /* the route's bias into L1 before the wait, as norm_weights_held's weights */
+    /* the route's bias into L1 before the wait, as load_then_wait's loads */
     if (ROUTED && route.bias_early && threadIdx.x < WARP)
         for (int e = (int)threadIdx.x * 32; e < route.experts; e += WARP * 32) coli_prefetch_l1(route.bias + e);
     coli_wait_prior_grid();
