@@ -612,7 +612,9 @@ __global__ void moe_up_kernel(const dev_weight *ws, const float *x, const int32_
     const bool tabled = experts <= EXPERT_TABLE;
     if (tabled)
         for (int64_t t = threadIdx.x; t < 2 * experts; t += blockDim.x) table[t] = ws[3 * (t / 2) + t % 2];
-    /* the route's bias into L1 before the wait, as load_then_wait's loads */
+    /* the route's bias into L1 before the wait, as load_then_wait's loads; a request,
+     * not a load: the wait makes the earlier grids' writes visible to the loads after
+     * it, so bias_early spares a wasted request rather than guarding a value */
     if (ROUTED && route.bias_early && threadIdx.x < WARP)
         for (int e = (int)threadIdx.x * 32; e < route.experts; e += WARP * 32) coli_prefetch_l1(route.bias + e);
     coli_wait_prior_grid();
