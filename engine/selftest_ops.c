@@ -52,14 +52,35 @@ static void get(ctx *x, coli_ref r, void *out, size_t bytes) {
     if (!x->c->status) failed(x, x->b->api.buffer_read(r.buffer, r.offset, out, bytes));
 }
 
-/* ops[0..n) as one step, run `times` times at `pos` (twice: the GPU's second run is its graph). */
-static void run_ops(ctx *x, const coli_op *ops, int n, int64_t pos, int times) {
+/* ops[0..n) as one step, run `times` times at `pos` (twice: the GPU's second run is its
+ * graph). Where `fresh` is given, its first `bytes` are set to all ones (NaN, -1, 255)
+ * before each run after the first, so that each run must write all of them again: a
+ * replay that skips a write (a last block's count left unreset) would otherwise leave
+ * the first run's right answer in place. */
+static void run_ops_fresh(ctx *x, const coli_op *ops, int n, int64_t pos, int times, const coli_ref *fresh,
+                          size_t bytes) {
     coli_step s = 0;
-    if (x->c->status || failed(x, x->b->api.step_begin(&s))) return;
-    for (int k = 0; k < n && !x->c->status; k++) failed(x, x->b->api.step_add(s, &ops[k]));
-    if (!x->c->status && !failed(x, x->b->api.step_end(s)))
-        for (int t = 0; t < times && !x->c->status; t++) failed(x, x->b->api.step_run(s, pos));
-    x->b->api.step_free(s);
+    unsigned char *ones = fresh ? malloc(bytes ? bytes : 1) : NULL;
+    if (fresh && !ones) {
+        x->c->status = -1;
+        snprintf(x->c->message, sizeof x->c->message, "out of host memory");
+        return;
+    }
+    if (ones) memset(ones, 0xFF, bytes);
+    if (!x->c->status && !failed(x, x->b->api.step_begin(&s))) {
+        for (int k = 0; k < n && !x->c->status; k++) failed(x, x->b->api.step_add(s, &ops[k]));
+        if (!x->c->status && !failed(x, x->b->api.step_end(s)))
+            for (int t = 0; t < times && !x->c->status; t++) {
+                if (t > 0 && ones && failed(x, x->b->api.buffer_write(fresh->buffer, fresh->offset, ones, bytes))) break;
+                failed(x, x->b->api.step_run(s, pos));
+            }
+        x->b->api.step_free(s);
+    }
+    free(ones);
+}
+
+static void run_ops(ctx *x, const coli_op *ops, int n, int64_t pos, int times) {
+    run_ops_fresh(x, ops, n, pos, times, NULL, 0);
 }
 
 /* The op alone as a step. */
@@ -351,7 +372,8 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
             }
             coli_ref q = put(&X, iq, (size_t)(rows * heads * dim) * 4), w = put(&X, iw, (size_t)(rows * heads) * 4);
             coli_ref k = put(&X, kv, (size_t)(keys * dim) * 4), s = put(&X, NULL, (size_t)(rows * stride));
-            run_op(&X, coli_op_indexer(q, w, k, s, rows, heads, dim, topk, stride, 0.5f), pos, 2);
+            const coli_op op = coli_op_indexer(q, w, k, s, rows, heads, dim, topk, stride, 0.5f);
+            run_ops_fresh(&X, &op, 1, pos, 2, &s, (size_t)(rows * stride));
             get(&X, s, got, (size_t)(rows * stride));
             c->exact = 1;
             c->err = 0;
@@ -385,7 +407,8 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
             coli_ref qr = put(&X, q, (size_t)(rows * heads * qk) * 4), kr = put(&X, k, (size_t)(keys * heads * qk) * 4);
             coli_ref vr = put(&X, v, (size_t)(keys * heads * vd) * 4), sr = put(&X, sel, (size_t)(rows * stride));
             coli_ref o = put(&X, NULL, (size_t)(rows * heads * vd) * 4);
-            run_op(&X, coli_op_attend(qr, kr, vr, sr, o, rows, heads, qk, vd, stride, 0.15f), pos, 2);
+            const coli_op op = coli_op_attend(qr, kr, vr, sr, o, rows, heads, qk, vd, stride, 0.15f);
+            run_ops_fresh(&X, &op, 1, pos, 2, &o, (size_t)(rows * heads * vd) * 4);
             get(&X, o, got, (size_t)(rows * heads * vd) * 4);
             c->err = rel_err(got, ref, rows * heads * vd);
         }

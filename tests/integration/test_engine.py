@@ -110,6 +110,35 @@ def ref_backend_of_version(gen_dir: Path, tmp_path: Path, version: int) -> Path:
     return lib
 
 
+def test_the_selftest_rejects_a_backend_whose_replays_write_nothing(
+    gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The reference backend with a step_run that queues only a step's first run: the
+    attend and indexer checks set their outputs to all ones before the second run (the
+    GPU's graph replay, whose last blocks must have set their counts back), so a replay
+    that writes nothing fails them; without that it would leave the first run's right
+    answer in place."""
+    src = tmp_path / "replay.c"
+    src.write_text(
+        "#undef coli_step_run\n#include <coli_backend.h>\n"
+        "coli_status coli_step_run_own(coli_step step, int64_t position);\n"
+        "COLI_API coli_status coli_step_run(coli_step step, int64_t position) {\n"
+        "    static coli_step last;\n    static int ran;\n"
+        "    if (ran && step == last) return COLI_OK;\n"
+        "    ran = 1, last = step;\n    return coli_step_run_own(step, position);\n}\n"
+    )
+    lib = tmp_path / "libcoli_first_run_only.so"
+    compile_ok(
+        ["gcc", "-std=c11", "-shared", "-fPIC", f"-I{gen_dir}", f"-I{KERNELS}",
+         "-Dcoli_step_run=coli_step_run_own", *(str(ROOT / s) for s in REF_SOURCES),
+         str(src), "-o", str(lib), "-lm"]
+    )  # fmt: skip
+    proc = run(sanitized[0], "--backend", str(lib), "--selftest", "--json")
+    result = json.loads(proc.stdout)
+    failed = {c["op"] for c in result["op_checks"] if not c["ok"]}
+    assert proc.returncode != 0 and not result["passed"] and {"attend", "indexer"} <= failed, failed
+
+
 def test_a_backend_of_another_major_is_refused(gen_dir: Path, sanitized: tuple[Path, Path], tmp_path: Path) -> None:
     """This host (2.0) refuses a 1.x backend and a 3.x one, in one line naming both
     versions, and a model run stays on the CPU."""
