@@ -1,0 +1,120 @@
+"""Whether the GPU selftest rejects wrong backends: each mutant of bench/gpu_mutants.toml
+(one replacement in one kernel source) is built from its own copy of the tree by the
+task graph, side by side, and the selftest of HOST with that backend must fail, with the
+mutant's named op check among its failures. A mutant the selftest passes (or that fails
+only other checks) is a mistake the selftest would let through. Run on a CUDA machine
+after bench/gpu_build.sh (bench/gpu_mutants.sh); exits 1 if any mutant survives or any
+build fails.
+
+    python3 bench/gpu_mutants.py --host build/linux-x86_64/host/coli [--arch sm_90] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+# what a mutant's copy of the tree leaves out: builds, environments, caches, carried wheels
+SKIP = {".git", "build", "dist", ".nox", ".venv", ".ab", ".whl", "bench/out"}
+SKIP |= {".mypy_cache", ".pytest_cache", ".ruff_cache"}
+
+
+class Mutant(NamedTuple):
+    name: str
+    file: str
+    old: str
+    new: str
+    check: str
+
+
+def load(path: Path) -> list[Mutant]:
+    data = tomllib.loads(path.read_text())
+    return [Mutant(m["name"], m["file"], m["from"], m["to"], m["check"]) for m in data["mutant"]]
+
+
+def mutate(text: str, m: Mutant) -> str:
+    """text with m's one replacement; ValueError naming the mutant where `from` is not
+    there exactly once (the source moved on and the mutant no longer says what it meant)."""
+    n = text.count(m.old)
+    if n != 1:
+        raise ValueError(f"mutant '{m.name}': {m.file} holds its 'from' {n} times, not once")
+    return text.replace(m.old, m.new)
+
+
+def verdict(report: dict[str, Any], check: str) -> tuple[bool, list[str]]:
+    """(caught, the failed checks) from a selftest's JSON: caught where the selftest failed
+    and a failed check is `check` or `check` then its shape ("matmul int8" names every
+    int8 matmul shape)."""
+    failed = [c["op"] for c in report.get("op_checks", []) if not c.get("ok")]
+    failed += [f"matmul {c['format']} {c['rows']}x{c['cols']} s={c['s']}" for c in report.get("checks", [])
+               if not c.get("ok")]  # fmt: skip
+    named = any(f == check or f.startswith(check + " ") for f in failed)
+    return (not report.get("passed", True)) and named, failed
+
+
+def copy_tree(dest: Path) -> None:
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        rel = Path(folder).resolve().relative_to(ROOT)
+        return {n for n in names if (rel / n).as_posix() in SKIP}
+
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+
+
+def selftest(host: Path, lib: Path) -> dict[str, Any]:
+    proc = subprocess.run([str(host), "--backend", str(lib), "--selftest", "--json"], capture_output=True, text=True)
+    try:
+        report: dict[str, Any] = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"passed": False, "op_checks": [], "error": (proc.stderr or proc.stdout).strip()[-300:]}
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", type=Path, required=True, help="the tree's host (coli)")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--mutants", type=Path, default=ROOT / "bench/gpu_mutants.toml")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/out")
+    args = ap.parse_args()
+    mutants = load(args.mutants)
+    work = Path(tempfile.mkdtemp(prefix="coli-mutants-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows, ok = [], True
+    with ExitStack() as logs:
+        builds = []
+        for i, m in enumerate(mutants):
+            tree = work / f"m{i}"
+            copy_tree(tree)
+            source = tree / m.file
+            source.write_text(mutate(source.read_text(), m))
+            log = logs.enter_context(open(args.out / f"mutant-{i}-build.txt", "w"))
+            cmd = [sys.executable, "-m", "doit", "-n", "1", "backend", f"arch={args.arch}"]
+            builds.append((tree, subprocess.Popen(cmd, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=os.environ)))
+        for i, (m, (tree, proc)) in enumerate(zip(mutants, builds, strict=True)):
+            if proc.wait() != 0:
+                print(f"mutant {i} ({m.name}): build failed, see mutant-{i}-build.txt")
+                rows.append({"mutant": m.name, "built": False})
+                ok = False
+                continue
+            lib = tree / "build/linux-x86_64" / f"cuda-{args.arch}" / "libcoli_cuda.so"
+            caught, failed = verdict(selftest(args.host, lib), m.check)
+            ok &= caught
+            print(f"mutant {i} ({m.name}): {'caught' if caught else 'SURVIVED'}; failed: {', '.join(failed) or 'none'}")
+            rows.append({"mutant": m.name, "built": True, "check": m.check, "caught": caught, "failed": failed})
+    (args.out / "mutants.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"{sum(bool(r.get('caught')) for r in rows)} of {len(rows)} mutants caught")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

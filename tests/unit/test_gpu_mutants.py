@@ -1,0 +1,52 @@
+"""bench/gpu_mutants.py, the GPU selftest against wrong backends: each mutant of
+bench/gpu_mutants.toml still says what it meant (its replacement applies exactly once to
+today's sources, so a kernel change that moves the line fails here, not on the device),
+and a mutant counts as caught only where the selftest failed its named check."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import ROOT, bench_module
+
+
+def module() -> ModuleType:
+    return bench_module("gpu_mutants")
+
+
+def test_every_mutant_applies_once_to_todays_sources_and_changes_them() -> None:
+    g = module()
+    mutants = g.load(ROOT / "bench/gpu_mutants.toml")
+    assert len(mutants) >= 4
+    for m in mutants:
+        text = (ROOT / m.file).read_text()
+        changed = g.mutate(text, m)
+        assert changed != text and m.new in changed, m.name
+        assert m.check, m.name
+
+
+def test_a_from_not_there_once_is_refused_naming_the_mutant() -> None:
+    g = module()
+    m = g.Mutant("twice", "k.cu", "a;", "b;", "op")
+    with pytest.raises(ValueError, match=r"mutant 'twice': k\.cu holds its 'from' 2 times, not once"):
+        g.mutate("a; a;", m)
+    with pytest.raises(ValueError, match="0 times"):
+        g.mutate("c;", m)
+
+
+def report(passed: bool, failed_ops: list[str]) -> dict[str, object]:
+    ops = [{"op": op, "ok": False} for op in failed_ops] + [{"op": "rope", "ok": True}]
+    return {"passed": passed, "op_checks": ops,
+            "checks": [{"format": "int4", "rows": 9, "cols": 30, "s": 2, "ok": passed}]}  # fmt: skip
+
+
+def test_caught_only_where_the_selftest_fails_the_named_check() -> None:
+    g = module()
+    assert g.verdict(report(False, ["attend"]), "attend") == (True, ["attend", "matmul int4 9x30 s=2"])
+    assert g.verdict(report(False, ["route"]), "attend")[0] is False  # failed, but not where meant
+    assert g.verdict(report(True, []), "attend") == (False, [])
+    assert g.verdict({"passed": False, "op_checks": [], "error": "no device"}, "attend") == (False, [])
+    assert g.verdict(report(False, []), "matmul int4")[0] is True  # a shape of the named kind
+    assert g.verdict(report(False, ["add, rmsnorm, layernorm, rope"]), "add, rmsnorm")[0] is False
