@@ -306,16 +306,19 @@ static void check_rows(coli_backend *b, op_check *checks, int *pn) {
         END();
     }
     {
-        BEGIN("argmax", "4 rows of 1000: ties, NaN, all -inf");
-        float *lg = F(4000);
+        /* rows longer than a GPU block's threads, so that a tie also falls to one thread
+         * (1024 threads: 17, 1041 and 4113 are one thread's) */
+        enum { V = 9000 };
+        BEGIN("argmax", "4 rows of 9000: ties (also within a thread's stride), NaN, all -inf");
+        float *lg = F(4 * V);
         int32_t ref[4], got[4] = {-5, -5, -5, -5};
-        fill(lg, 4000, 1.0f);
-        lg[1000 + 17] = lg[1000 + 900] = 5.0f;          /* a tie: the first */
-        lg[2000 + 3] = NAN, lg[2000 + 500] = 7.0f;      /* NaN never wins */
-        for (int i = 3000; i < 4000; i++) lg[i] = -INFINITY;
-        for (int r = 0; r < 4; r++) ref[r] = coli_argmax(lg + r * 1000, 1000);
-        coli_ref l = put(&X, lg, 16000), o = put(&X, NULL, sizeof got);
-        run_op(&X, coli_op_argmax(l, o, 4, 1000), 0, 1);
+        fill(lg, 4 * V, 1.0f);
+        lg[V + 17] = lg[V + 1041] = lg[V + 4113] = lg[V + 900] = 5.0f; /* a tie: the first */
+        lg[2 * V + 3] = NAN, lg[2 * V + 500] = 7.0f;                    /* NaN never wins */
+        for (int i = 3 * V; i < 4 * V; i++) lg[i] = -INFINITY;
+        for (int r = 0; r < 4; r++) ref[r] = coli_argmax(lg + r * V, V);
+        coli_ref l = put(&X, lg, 4 * V * sizeof *lg), o = put(&X, NULL, sizeof got);
+        run_op(&X, coli_op_argmax(l, o, 4, V), 0, 1);
         get(&X, o, got, sizeof got);
         c->exact = 1;
         c->err = (double)differ_i32(got, ref, 4);
