@@ -7,6 +7,10 @@ after bench/gpu_build.sh (bench/gpu_mutants.sh); exits 1 if any mutant survives 
 build fails.
 
     python3 bench/gpu_mutants.py --host build/linux-x86_64/host/coli [--arch sm_90] [--out DIR]
+        [--baseline-host OLD]
+
+--baseline-host: another tree's host (an older selftest), whose verdict on each mutant is
+reported beside this one's, to show what a change to the selftest made it catch.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ def verdict(report: dict[str, Any], check: str) -> tuple[bool, list[str]]:
     return (not report.get("passed", True)) and named, failed
 
 
+def said(caught: bool, failed: list[str]) -> str:
+    return f"{'caught' if caught else 'SURVIVED'} (failed: {', '.join(failed) or 'none'})"
+
+
 def copy_tree(dest: Path) -> None:
     def ignore(folder: str, names: list[str]) -> set[str]:
         rel = Path(folder).resolve().relative_to(ROOT)
@@ -85,7 +93,10 @@ def main() -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--mutants", type=Path, default=ROOT / "bench/gpu_mutants.toml")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/out")
+    ap.add_argument("--baseline-host", type=Path, help="another tree's host, its verdicts reported beside")
     args = ap.parse_args()
+    if args.baseline_host and not args.baseline_host.is_file():
+        ap.error(f"--baseline-host {args.baseline_host}: no such file")
     mutants = load(args.mutants)
     work = Path(tempfile.mkdtemp(prefix="coli-mutants-"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -109,8 +120,14 @@ def main() -> int:
             lib = tree / "build/linux-x86_64" / f"cuda-{args.arch}" / "libcoli_cuda.so"
             caught, failed = verdict(selftest(args.host, lib), m.check)
             ok &= caught
-            print(f"mutant {i} ({m.name}): {'caught' if caught else 'SURVIVED'}; failed: {', '.join(failed) or 'none'}")
-            rows.append({"mutant": m.name, "built": True, "check": m.check, "caught": caught, "failed": failed})
+            row = {"mutant": m.name, "built": True, "check": m.check, "caught": caught, "failed": failed}
+            line = f"mutant {i} ({m.name}): {said(caught, failed)}"
+            if args.baseline_host:
+                was, was_failed = verdict(selftest(args.baseline_host, lib), m.check)
+                row |= {"baseline_caught": was, "baseline_failed": was_failed}
+                line += f"; the baseline host: {said(was, was_failed)}"
+            print(line)
+            rows.append(row)
     (args.out / "mutants.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(f"{sum(bool(r.get('caught')) for r in rows)} of {len(rows)} mutants caught")
     return 0 if ok else 1

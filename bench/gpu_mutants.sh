@@ -4,7 +4,7 @@
 # tree's own selftest, which must pass, then bench/gpu_mutants.py: each mutant of
 # bench/gpu_mutants.toml built from its own copy and its selftest expected to fail.
 # Results in ${OUT:-bench/out} (mutants.json, each mutant's build log); exits 1 where
-# the tree fails or a mutant survives.
+# the tree fails or a mutant survives. Arguments go to gpu_mutants.py (--baseline-host).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FAST=${FAST-1}
@@ -15,4 +15,4 @@ if ! "$HOST" --backend "$LIB" --selftest > "$out/selftest.txt" 2>&1; then
   exit 1
 fi
 grep -E "passed" "$out/selftest.txt"
-python3 bench/gpu_mutants.py --host "$HOST" --arch "$arch" --out "$out"
+python3 bench/gpu_mutants.py --host "$HOST" --arch "$arch" --out "$out" "$@"

@@ -50,3 +50,4 @@ def test_caught_only_where_the_selftest_fails_the_named_check() -> None:
     assert g.verdict({"passed": False, "op_checks": [], "error": "no device"}, "attend") == (False, [])
     assert g.verdict(report(False, []), "matmul int4")[0] is True  # a shape of the named kind
     assert g.verdict(report(False, ["add, rmsnorm, layernorm, rope"]), "add, rmsnorm")[0] is False
+    assert g.said(False, []) == "SURVIVED (failed: none)" and g.said(True, ["route"]) == "caught (failed: route)"
