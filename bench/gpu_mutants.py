@@ -7,7 +7,7 @@ after bench/gpu_build.sh (bench/gpu_mutants.sh); exits 1 if any mutant survives 
 build fails.
 
     python3 bench/gpu_mutants.py --host build/linux-x86_64/host/coli [--arch sm_90] [--out DIR]
-        [--baseline-host OLD]
+        [--mutants FILE] [--baseline-host OLD]
 
 --baseline-host: another tree's host (an older selftest), whose verdict on each mutant is
 reported beside this one's, to show what a change to the selftest made it catch.
@@ -42,8 +42,21 @@ class Mutant(NamedTuple):
 
 
 def load(path: Path) -> list[Mutant]:
-    data = tomllib.loads(path.read_text())
-    return [Mutant(m["name"], m["file"], m["from"], m["to"], m["check"]) for m in data["mutant"]]
+    """The mutants of a TOML file; ValueError in one line where it is not one or an entry
+    lacks a field."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    mutants = []
+    for i, m in enumerate(data.get("mutant", [])):
+        missing = [k for k in ("name", "file", "from", "to", "check") if not isinstance(m.get(k), str)]
+        if missing:
+            raise ValueError(f"{path}: mutant {i} lacks {', '.join(missing)} (each needs name, file, from, to, check)")
+        mutants.append(Mutant(m["name"], m["file"], m["from"], m["to"], m["check"]))
+    if not mutants:
+        raise ValueError(f"{path}: no [[mutant]] entries")
+    return mutants
 
 
 def mutate(text: str, m: Mutant) -> str:
@@ -97,17 +110,20 @@ def main() -> int:
     args = ap.parse_args()
     if args.baseline_host and not args.baseline_host.is_file():
         ap.error(f"--baseline-host {args.baseline_host}: no such file")
-    mutants = load(args.mutants)
-    work = Path(tempfile.mkdtemp(prefix="coli-mutants-"))
+    try:  # every mutant made first: one that no longer applies stops the run before any build
+        mutants = load(args.mutants)
+        texts = [mutate((ROOT / m.file).read_text(), m) for m in mutants]
+    except (OSError, ValueError) as e:
+        print(f"gpu_mutants.py: {e}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     rows, ok = [], True
-    with ExitStack() as logs:
-        builds = []
-        for i, m in enumerate(mutants):
+    with tempfile.TemporaryDirectory(prefix="coli-mutants-") as scratch, ExitStack() as logs:
+        work, builds = Path(scratch), []
+        for i, (m, text) in enumerate(zip(mutants, texts, strict=True)):
             tree = work / f"m{i}"
             copy_tree(tree)
-            source = tree / m.file
-            source.write_text(mutate(source.read_text(), m))
+            (tree / m.file).write_text(text)
             log = logs.enter_context(open(args.out / f"mutant-{i}-build.txt", "w"))
             cmd = [sys.executable, "-m", "doit", "-n", "1", "backend", f"arch={args.arch}"]
             builds.append((tree, subprocess.Popen(cmd, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=os.environ)))

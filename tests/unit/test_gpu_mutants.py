@@ -5,6 +5,9 @@ and a mutant counts as caught only where the selftest failed its named check."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -51,3 +54,28 @@ def test_caught_only_where_the_selftest_fails_the_named_check() -> None:
     assert g.verdict(report(False, []), "matmul int4")[0] is True  # a shape of the named kind
     assert g.verdict(report(False, ["add, rmsnorm, layernorm, rope"]), "add, rmsnorm")[0] is False
     assert g.said(False, []) == "SURVIVED (failed: none)" and g.said(True, ["route"]) == "caught (failed: route)"
+
+
+def test_a_bad_mutants_file_is_one_line_naming_what_is_wrong(tmp_path: Path) -> None:
+    g = module()
+    f = tmp_path / "m.toml"
+    f.write_text('[[mutant]]\nname = "x"\nfile = "kernels/gpu_steps.cuh"\nfrom = "a"\n')
+    with pytest.raises(ValueError, match=r"mutant 0 lacks to, check \(each needs name, file, from, to, check\)"):
+        g.load(f)
+    f.write_text("[[mutant]\n")
+    with pytest.raises(ValueError, match=str(f)):
+        g.load(f)
+    f.write_text("")
+    with pytest.raises(ValueError, match=r"no \[\[mutant\]\] entries"):
+        g.load(f)
+
+
+def test_a_mutant_that_no_longer_applies_stops_the_run_before_any_build(tmp_path: Path) -> None:
+    f = tmp_path / "m.toml"
+    f.write_text(
+        '[[mutant]]\nname = "gone"\nfile = "kernels/gpu_steps.cuh"\nfrom = "no such line"\nto = "x"\ncheck = "y"\n'
+    )
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_mutants.py"), "--host", "/bin/true", "--mutants",
+                           str(f), "--out", str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "out").exists()
+    assert proc.stderr == "gpu_mutants.py: mutant 'gone': kernels/gpu_steps.cuh holds its 'from' 0 times, not once\n"
