@@ -8,6 +8,8 @@
 
 #include "backend_step_types.h"
 #include "gpu_steps.cuh"
+#include "gpu_experts.cuh"
+#include "gpu_attention.cuh"
 #include "step_plan.h"
 
 /* Matmul scratch (x split into digit planes) comes in this many slots, handed out

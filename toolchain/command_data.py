@@ -86,6 +86,8 @@ BACKEND_HEADERS = (
     "kernels/gpu_decode_tiled.cuh",
     "kernels/gpu_dispatch.cuh",
     "kernels/gpu_steps.cuh",
+    "kernels/gpu_experts.cuh",
+    "kernels/gpu_attention.cuh",
     "kernels/gpu_step_run.cuh",
     "kernels/step_plan.h",
 )
