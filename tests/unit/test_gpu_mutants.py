@@ -79,3 +79,20 @@ def test_a_mutant_that_no_longer_applies_stops_the_run_before_any_build(tmp_path
                            str(f), "--out", str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and not (tmp_path / "out").exists()
     assert proc.stderr == "gpu_mutants.py: mutant 'gone': kernels/gpu_steps.cuh holds its 'from' 0 times, not once\n"
+
+
+def test_a_mutants_copy_of_the_tree_has_the_sources_and_no_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = module()
+    root, dest = tmp_path / "root", tmp_path / "copy"
+    kept = ["kernels/gpu_steps.cuh", "bench/gpu_ab.sh", "dodo.py"]
+    skipped = [".git/HEAD", "build/x.o", "dist/a.zip", ".nox/ci/x", ".venv/bin/python", ".ab/tree.txt",
+               ".whl/doit.whl", "bench/out/ab.jsonl", ".ruff_cache/x"]  # fmt: skip
+    for f in kept + skipped:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text(f)
+    monkeypatch.setattr(g, "ROOT", root)
+    g.copy_tree(dest)
+    assert all((dest / f).read_text() == f for f in kept)
+    assert [f for f in skipped if (dest / f).exists() or (dest / Path(f).parent).exists()] == []
