@@ -94,20 +94,27 @@ def test_not_a_library_and_missing_symbols(sanitized: tuple[Path, Path], tmp_pat
     assert proc.returncode == 4 and "lacks the mandatory symbol coli_abi_version" in proc.stderr
 
 
-def ref_backend_of_version(gen_dir: Path, tmp_path: Path, version: int) -> Path:
-    """The reference backend, reporting ABI `version` ((major << 16) | minor)."""
-    src = tmp_path / f"v{version:x}.c"
-    src.write_text(
-        "#undef coli_abi_version\n#include <stdint.h>\n"
-        f'__attribute__((visibility("default"))) uint32_t coli_abi_version(void) {{ return {version}u; }}\n'
-    )
-    lib = tmp_path / f"libcoli_v{version:x}.so"
+def ref_backend_replacing(gen_dir: Path, tmp_path: Path, name: str, function: str, source: str) -> Path:
+    """The reference backend with its `function` renamed `<function>_own` and `source`
+    (which defines `function`, and may call the original by that name) linked in."""
+    src = tmp_path / f"{name}.c"
+    src.write_text(f"#undef {function}\n{source}")
+    lib = tmp_path / f"libcoli_{name}.so"
     compile_ok(
         ["gcc", "-std=c11", "-shared", "-fPIC", f"-I{gen_dir}", f"-I{KERNELS}",
-         "-Dcoli_abi_version=coli_abi_version_own", *(str(ROOT / s) for s in REF_SOURCES),
+         f"-D{function}={function}_own", *(str(ROOT / s) for s in REF_SOURCES),
          str(src), "-o", str(lib), "-lm"]
     )  # fmt: skip
     return lib
+
+
+def ref_backend_of_version(gen_dir: Path, tmp_path: Path, version: int) -> Path:
+    """The reference backend, reporting ABI `version` ((major << 16) | minor)."""
+    return ref_backend_replacing(
+        gen_dir, tmp_path, f"v{version:x}", "coli_abi_version",
+        "#include <stdint.h>\n"
+        f'__attribute__((visibility("default"))) uint32_t coli_abi_version(void) {{ return {version}u; }}\n',
+    )  # fmt: skip
 
 
 def test_the_selftest_rejects_a_backend_whose_replays_write_nothing(
@@ -118,20 +125,14 @@ def test_the_selftest_rejects_a_backend_whose_replays_write_nothing(
     GPU's graph replay, whose last blocks must have set their counts back), so a replay
     that writes nothing fails them; without that it would leave the first run's right
     answer in place."""
-    src = tmp_path / "replay.c"
-    src.write_text(
-        "#undef coli_step_run\n#include <coli_backend.h>\n"
+    lib = ref_backend_replacing(
+        gen_dir, tmp_path, "first_run_only", "coli_step_run",
+        "#include <coli_backend.h>\n"
         "coli_status coli_step_run_own(coli_step step, int64_t position);\n"
         "COLI_API coli_status coli_step_run(coli_step step, int64_t position) {\n"
         "    static coli_step last;\n    static int ran;\n"
         "    if (ran && step == last) return COLI_OK;\n"
-        "    ran = 1, last = step;\n    return coli_step_run_own(step, position);\n}\n"
-    )
-    lib = tmp_path / "libcoli_first_run_only.so"
-    compile_ok(
-        ["gcc", "-std=c11", "-shared", "-fPIC", f"-I{gen_dir}", f"-I{KERNELS}",
-         "-Dcoli_step_run=coli_step_run_own", *(str(ROOT / s) for s in REF_SOURCES),
-         str(src), "-o", str(lib), "-lm"]
+        "    ran = 1, last = step;\n    return coli_step_run_own(step, position);\n}\n",
     )  # fmt: skip
     proc = run(sanitized[0], "--backend", str(lib), "--selftest", "--json")
     result = json.loads(proc.stdout)
