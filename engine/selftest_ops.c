@@ -385,9 +385,11 @@ static void check_attention(coli_backend *b, op_check *checks, int *pn) {
         END();
     }
     /* a GPU splits a query's keys finer where there are few (query, head) pairs (at 1, 3, 4), coarser where
-     * the selection's stride leaves few spans (at 4) */
-    static const int64_t attend_cases[][3] = {{0, 2, 360}, {300, 2, 360}, {300, 50, 360}, {100, 1, 360}, {100, 1, 101}};
-    for (int at = 0; at < 5; at++) {
+     * the selection's stride leaves few spans (at 4); where they are many (at 2, 5) it takes queries side by
+     * side, their keys in chunks, some queries' keys within one chunk and others' past it (at 5) */
+    static const int64_t attend_cases[][3] = {{0, 2, 360},   {300, 2, 360}, {300, 50, 360},
+                                              {100, 1, 360}, {100, 1, 101}, {230, 50, 360}};
+    for (int at = 0; at < 6; at++) {
         const int64_t pos = attend_cases[at][0], rows = attend_cases[at][1], stride = attend_cases[at][2];
         const int64_t heads = 3, qk = 40, vd = 24;
         const int64_t keys = pos + rows;

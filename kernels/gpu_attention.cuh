@@ -483,4 +483,170 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
     }
 }
 
+/* ---- a prefill's attention: queries side by side --------------------------------- */
+
+/* A prefill's (query, head) pairs are many and their queries' keys mostly the same:
+ * attend_part_kernel's block a pair read each key's row once a query, so a 4,000-token
+ * prefill's attention read its cache from L2 thousands of times over and took most of
+ * the prefill. attend_tile_kernel's block takes ATTEND_TILE_Q queries of a head over an
+ * ATTEND_CHUNK of keys, ATTEND_TILE_K keys at a time staged in shared memory for all of
+ * them, each query's softmax carried across the tiles (its max, its sum, its weighted v
+ * rescaled by exp(old max - new max)); its parts are attend_part_kernel's, and the last
+ * block of a query's chunks combines them as attend_part_kernel's does, in span order.
+ * Rows up to ATTEND_TILE_DIM values (qk and vdim), else attend_part_kernel. */
+#define ATTEND_TILE_Q 16
+#define ATTEND_TILE_K WARP /* a tile's softmax: a warp a query, a lane a key */
+#define ATTEND_TILE_DIM 128
+
+/* Values a thread of attend_tile_kernel loads of a tile's keys (and of its values), and
+ * outputs of its queries it sums: all of a tile's loads in flight at once. */
+#define ATTEND_TILE_LOADS (ATTEND_TILE_K * ATTEND_TILE_DIM / STEP_THREADS)
+#define ATTEND_TILE_OUTS (ATTEND_TILE_Q * ATTEND_TILE_DIM / STEP_THREADS)
+
+static inline bool attend_tiled(int64_t pairs, int64_t qk, int64_t vdim) {
+    return pairs >= ATTEND_MANY && qk <= ATTEND_TILE_DIM && vdim <= ATTEND_TILE_DIM;
+}
+
+/* Grid: (query tiles x heads, key chunks of ATTEND_CHUNK). */
+__global__ void __launch_bounds__(STEP_THREADS) attend_tile_kernel(const float *q, const float *k, const float *v,
+                                                                   const uint8_t *sel, float *part, int32_t *counts,
+                                                                   float *attn, const int64_t *pos, int64_t rows,
+                                                                   int64_t heads, int64_t qk, int64_t vdim,
+                                                                   int64_t stride, float scaling) {
+    STEP_KERNEL_BEGIN();
+    __shared__ float ks[ATTEND_TILE_K][ATTEND_TILE_DIM + 1]; /* + 1: a warp's keys in distinct banks */
+    __shared__ float vs[ATTEND_TILE_K][ATTEND_TILE_DIM], qs[ATTEND_TILE_Q][ATTEND_TILE_DIM];
+    __shared__ float ps[ATTEND_TILE_Q][ATTEND_TILE_K], mq[ATTEND_TILE_Q], sq[ATTEND_TILE_Q], scale_q[ATTEND_TILE_Q];
+    __shared__ uint8_t on[ATTEND_TILE_Q][ATTEND_TILE_K];
+    __shared__ float red[32];
+    __shared__ int done[ATTEND_TILE_Q];
+    /* 32-bit divisions: a 64-bit one is a long software routine on a GPU */
+    const uint32_t tid = threadIdx.x, uqk = (uint32_t)qk, uvd = (uint32_t)vdim;
+    const int64_t h = blockIdx.x % (uint32_t)heads, r0 = (int64_t)(blockIdx.x / (uint32_t)heads) * ATTEND_TILE_Q;
+    const int64_t nq = rows - r0 < ATTEND_TILE_Q ? rows - r0 : ATTEND_TILE_Q, p0 = *pos;
+    const int64_t c = blockIdx.y, first = c * ATTEND_CHUNK, last_all = p0 + r0 + nq - 1;
+    if (first > last_all) return; /* a whole block leaves together */
+    const int64_t end = first + ATTEND_CHUNK - 1 < last_all ? first + ATTEND_CHUNK - 1 : last_all;
+    for (uint32_t i = tid; i < ATTEND_TILE_Q * uqk; i += blockDim.x) {
+        const uint32_t qi = i / uqk, x = i % uqk;
+        qs[qi][x] = qi < nq ? q[((r0 + qi) * heads + h) * qk + x] : 0.0f;
+    }
+    if (tid < ATTEND_TILE_Q) mq[tid] = -INFINITY, sq[tid] = 0.0f;
+    const int lane = tid % WARP, warp = tid / WARP, nw = blockDim.x / WARP;
+    float acc[ATTEND_TILE_OUTS];
+#pragma unroll
+    for (int j = 0; j < ATTEND_TILE_OUTS; j++) acc[j] = 0.0f;
+    for (int64_t t0 = first; t0 <= end; t0 += ATTEND_TILE_K) {
+        const uint32_t nk = (uint32_t)(end - t0 + 1 < ATTEND_TILE_K ? end - t0 + 1 : ATTEND_TILE_K);
+        float kl[ATTEND_TILE_LOADS], vl[ATTEND_TILE_LOADS];
+#pragma unroll
+        for (int j = 0; j < ATTEND_TILE_LOADS; j++) { /* every load of the tile, then the stores */
+            const uint32_t i = tid + j * STEP_THREADS, ki = i / uqk, vi = i / uvd;
+            kl[j] = ki < nk ? k[((t0 + ki) * heads + h) * qk + i % uqk] : 0.0f;
+            vl[j] = vi < nk ? v[((t0 + vi) * heads + h) * vdim + i % uvd] : 0.0f;
+        }
+        uint8_t sl[ATTEND_TILE_Q * ATTEND_TILE_K / STEP_THREADS];
+#pragma unroll
+        for (int j = 0; j < ATTEND_TILE_Q * ATTEND_TILE_K / STEP_THREADS; j++) {
+            const uint32_t i = tid + j * STEP_THREADS, qi = i / ATTEND_TILE_K, ki = i % ATTEND_TILE_K;
+            const int64_t t = t0 + ki;
+            sl[j] = qi < nq && ki < nk && t <= p0 + r0 + qi ? sel[(r0 + qi) * stride + t] : 0;
+        }
+        __syncthreads(); /* the tile before is read: its keys, values and exps */
+#pragma unroll
+        for (int j = 0; j < ATTEND_TILE_LOADS; j++) {
+            const uint32_t i = tid + j * STEP_THREADS;
+            if (i < ATTEND_TILE_K * uqk) ks[i / uqk][i % uqk] = kl[j];
+            if (i < ATTEND_TILE_K * uvd) vs[i / uvd][i % uvd] = vl[j];
+        }
+#pragma unroll
+        for (int j = 0; j < ATTEND_TILE_Q * ATTEND_TILE_K / STEP_THREADS; j++) {
+            const uint32_t i = tid + j * STEP_THREADS;
+            on[i / ATTEND_TILE_K][i % ATTEND_TILE_K] = sl[j];
+        }
+        __syncthreads();
+        /* the scores: a warp's lanes a query's 32 keys */
+        for (uint32_t i = tid; i < ATTEND_TILE_Q * ATTEND_TILE_K; i += blockDim.x) {
+            const uint32_t qi = i / ATTEND_TILE_K, ki = i % ATTEND_TILE_K;
+            float d = 0.0f;
+            if (on[qi][ki])
+                for (uint32_t x = 0; x < uqk; x++) d += qs[qi][x] * ks[ki][x];
+            ps[qi][ki] = on[qi][ki] ? d * scaling : -INFINITY;
+        }
+        __syncthreads();
+        /* each query's softmax carried over: a warp a query, a lane a key */
+        for (int qi = warp; qi < ATTEND_TILE_Q; qi += nw) {
+            const float x = ps[qi][lane], mo = mq[qi], mn = fmaxf(mo, warp_max(x));
+            const float e = x == -INFINITY ? 0.0f : expf(x - mn), a = mo == -INFINITY ? 0.0f : expf(mo - mn);
+            const float se = warp_sum(e);
+            ps[qi][lane] = e;
+            COLI_SYNC_WARP(); /* every lane has read mq before it changes */
+            if (lane == 0) mq[qi] = mn, sq[qi] = sq[qi] * a + se, scale_q[qi] = a;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < ATTEND_TILE_OUTS; j++) {
+            const uint32_t o = tid + j * STEP_THREADS, qi = o / uvd, d = o % uvd;
+            if (qi < ATTEND_TILE_Q) {
+                float a = acc[j] * scale_q[qi];
+                for (uint32_t ki = 0; ki < nk; ki++) a += ps[qi][ki] * vs[ki][d];
+                acc[j] = a;
+            }
+        }
+    }
+    /* each query's part of this chunk, or its output where its keys fit one chunk */
+    const int64_t parts = gridDim.y;
+#pragma unroll
+    for (int j = 0; j < ATTEND_TILE_OUTS; j++) {
+        const uint32_t o = tid + j * STEP_THREADS, qi = o / uvd, d = o % uvd;
+        if (qi >= nq) continue;
+        const int64_t last = p0 + r0 + qi, pair = (r0 + qi) * heads + h;
+        if (first > last) continue;
+        if (last < ATTEND_CHUNK) attn[pair * vdim + d] = acc[j] / sq[qi];
+        else part[(pair * parts + c) * (vdim + 2) + 2 + d] = acc[j];
+    }
+    if (tid < nq) {
+        const int64_t last = p0 + r0 + tid, pair = (r0 + tid) * heads + h;
+        if (first <= last && last >= ATTEND_CHUNK) {
+            float *out = part + (pair * parts + c) * (vdim + 2);
+            out[0] = mq[tid], out[1] = sq[tid];
+        }
+    }
+    /* the last block of each query's chunks combines its parts (last_block's steps, a
+     * counter a query) */
+    __threadfence();
+    __syncthreads();
+    if (tid < ATTEND_TILE_Q) {
+        int last_one = 0;
+        const int64_t last = p0 + r0 + tid;
+        if (tid < nq && first <= last && last >= ATTEND_CHUNK) {
+            const int64_t pair = (r0 + tid) * heads + h, spans = last / ATTEND_CHUNK + 1;
+            last_one = atomicAdd(counts + pair, 1) == (int32_t)(spans < parts ? spans : parts) - 1;
+            if (last_one) counts[pair] = 0;
+        }
+        done[tid] = last_one;
+    }
+    __syncthreads();
+    for (int qi = 0; qi < nq; qi++) {
+        if (!done[qi]) continue;
+        __threadfence();
+        const int64_t last = p0 + r0 + qi, pair = (r0 + qi) * heads + h, spans_all = last / ATTEND_CHUNK + 1;
+        const int64_t spans = spans_all < parts ? spans_all : parts;
+        const float *pp = part + pair * parts * (vdim + 2);
+        float M = -INFINITY;
+        for (int64_t s = tid; s < spans; s += blockDim.x)
+            if (COLI_LOAD_GRID(pp + s * (vdim + 2) + 1) > 0.0f) M = fmaxf(M, COLI_LOAD_GRID(pp + s * (vdim + 2)));
+        M = block_max(M, red); /* its barriers also keep the last query's red apart */
+        for (int64_t d = tid; d < vdim; d += blockDim.x) {
+            float a = 0.0f, total = 0.0f;
+            for (int64_t s = 0; s < spans; s++) {
+                const float *span = pp + s * (vdim + 2);
+                const float sum = COLI_LOAD_GRID(span + 1), w = sum > 0.0f ? expf(COLI_LOAD_GRID(span) - M) : 0.0f;
+                total += w * sum, a += w * COLI_LOAD_GRID(span + 2 + d);
+            }
+            attn[pair * vdim + d] = a / total;
+        }
+    }
+}
+
 #endif

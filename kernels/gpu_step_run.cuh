@@ -472,6 +472,14 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
         const int64_t pairs = a.rows * a.heads, chunks = attend_rows(pairs, a.sel_stride);
+        if (attend_tiled(pairs, a.qk, a.vdim)) {
+            const int64_t tiles = (a.rows + ATTEND_TILE_Q - 1) / ATTEND_TILE_Q;
+            launch_early(chain_calls(), attend_tile_kernel,
+                dim3((unsigned)(tiles * a.heads), (unsigned)((a.sel_stride + ATTEND_CHUNK - 1) / ATTEND_CHUNK)),
+                dim3(STEP_THREADS), 0, st, a.q, a.k, a.v, a.sel, g->scores, g->counts, a.out, pos, a.rows, a.heads,
+                a.qk, a.vdim, a.sel_stride, a.scaling);
+            break;
+        }
         launch_early(chain_calls(), attend_part_kernel, dim3((unsigned)pairs, (unsigned)chunks), dim3(STEP_THREADS), 0,
             st, a.q, a.k, a.v, a.sel, g->scores, g->counts, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
         break;
