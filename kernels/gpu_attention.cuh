@@ -486,9 +486,9 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
 /* ---- a prefill's attention: queries side by side --------------------------------- */
 
 /* A prefill's (query, head) pairs are many and their queries' keys mostly the same:
- * attend_part_kernel's block a pair read each key's row once a query, so a 4,000-token
- * prefill's attention read its cache from L2 thousands of times over and took most of
- * the prefill. attend_tile_kernel's block takes ATTEND_TILE_Q queries of a head over an
+ * attend_part_kernel's block a pair reads each key's row once a query, so a prefill step
+ * of 256 queries read each head's cache 256 times over, and attention took most of a
+ * 4,000-token prefill (bench/RESULTS.md, "A prefill's attention"). attend_tile_kernel's block takes ATTEND_TILE_Q queries of a head over an
  * ATTEND_CHUNK of keys, ATTEND_TILE_K keys at a time staged in shared memory for all of
  * them, each query's softmax carried across the tiles (its max, its sum, its weighted v
  * rescaled by exp(old max - new max)); its parts are attend_part_kernel's, and the last
@@ -503,6 +503,7 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
 #define ATTEND_TILE_LOADS (ATTEND_TILE_K * ATTEND_TILE_DIM / STEP_THREADS)
 #define ATTEND_TILE_OUTS (ATTEND_TILE_Q * ATTEND_TILE_DIM / STEP_THREADS)
 
+/* Whether a run's attention takes attend_tile_kernel: a prefill's many pairs, rows that fit. */
 static inline bool attend_tiled(int64_t pairs, int64_t qk, int64_t vdim) {
     return pairs >= ATTEND_MANY && qk <= ATTEND_TILE_DIM && vdim <= ATTEND_TILE_DIM;
 }
