@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(STEP_THREADS, INDEX_MIN_BLOCKS)
 /* ---- attention ------------------------------------------------------------------- */
 
 /* Keys a block of attend_part_kernel takes (attend_span): where there are
- * ATTEND_MANY (query, head) pairs or more (a prefill: they fill the GPU),
- * ATTEND_CHUNK; fewer, as a decoded token's, ATTEND_SHORT while the query's keys fit
+ * ATTEND_MANY (query, head) pairs or more (a prefill: they fill the GPU; most take
+ * attend_tile_kernel, below), ATTEND_CHUNK; fewer, as a decoded token's, ATTEND_SHORT while the query's keys fit
  * one ATTEND_CHUNK and ATTEND_SPLIT past that, so those few pairs still spread over
  * many blocks and each walks few keys (one block a pair walking all of a short
  * query's keys took most of a decoded token's attention time); doubled where the
