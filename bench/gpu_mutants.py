@@ -124,11 +124,14 @@ def main() -> int:
             tree = work / f"m{i}"
             copy_tree(tree)
             (tree / m.file).write_text(text)
-            log = logs.enter_context(open(args.out / f"mutant-{i}-build.txt", "w"))
+            # in the scratch folder, kept only where the build fails: the device tool brings
+            # back few files from a run's output folder
+            log = logs.enter_context(open(work / f"mutant-{i}-build.txt", "w"))
             cmd = [sys.executable, "-m", "doit", "-n", "1", "backend", f"arch={args.arch}"]
             builds.append((tree, subprocess.Popen(cmd, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=os.environ)))
         for i, (m, (tree, proc)) in enumerate(zip(mutants, builds, strict=True)):
             if proc.wait() != 0:
+                shutil.copy(work / f"mutant-{i}-build.txt", args.out)
                 print(f"mutant {i} ({m.name}): build failed, see mutant-{i}-build.txt")
                 rows.append({"mutant": m.name, "built": False})
                 ok = False

@@ -3,8 +3,9 @@
 # host and backend built (bench/gpu_build.sh; FAST=1 unless FAST is set, even empty), the
 # tree's own selftest, which must pass, then bench/gpu_mutants.py: each mutant of
 # bench/gpu_mutants.toml built from its own copy and its selftest expected to fail.
-# Results in ${OUT:-bench/out} (mutants.json, each mutant's build log); exits 1 where
-# the tree fails or a mutant survives. Arguments go to gpu_mutants.py (--baseline-host).
+# Results in ${OUT:-bench/out} (mutants.json, and the build log of a mutant whose build
+# failed); exits 1 where the tree fails or a mutant survives. Arguments go to
+# gpu_mutants.py (--baseline-host, --mutants).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FAST=${FAST-1}
