@@ -5,6 +5,7 @@ and a mutant counts as caught only where the selftest failed its named check."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,35 @@ def test_a_mutants_copy_of_the_tree_has_the_sources_and_no_builds(
     g.copy_tree(dest)
     assert all((dest / f).read_text() == f for f in kept)
     assert [f for f in skipped if (dest / f).exists() or (dest / Path(f).parent).exists()] == []
+
+
+def test_only_a_failed_builds_log_comes_out_beside_the_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The device tool brings back few files: a run's output is mutants.json and the build
+    log of each mutant whose build failed, not one log a mutant. A stand-in tree whose
+    task graph fails where the source says BROKEN, and a stand-in host whose selftest
+    fails attend."""
+    g = module()
+    root, out = tmp_path / "root", tmp_path / "out"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels/x.cuh").write_text("a;\n")
+    (root / "dodo.py").write_text(
+        "from pathlib import Path\n\n\ndef task_backend():\n"
+        "    return {'actions': [lambda: 'BROKEN' not in Path('kernels/x.cuh').read_text()]}\n"
+    )
+    host = tmp_path / "host"
+    host.write_text('#!/bin/sh\necho \'{"passed": false, "op_checks": [{"op": "attend", "ok": false}]}\'\n')
+    host.chmod(0o755)
+    mutants = tmp_path / "m.toml"
+    entry = '[[mutant]]\nname = "{}"\nfile = "kernels/x.cuh"\nfrom = "a;"\nto = "{}"\ncheck = "attend"\n'
+    mutants.write_text(entry.format("builds", "b;") + entry.format("breaks", "BROKEN;"))
+    monkeypatch.setattr(g, "ROOT", root)
+    argv = ["gpu_mutants.py", "--host", str(host), "--mutants", str(mutants), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert g.main() == 1  # a build failed
+    assert sorted(p.name for p in out.iterdir()) == ["mutant-1-build.txt", "mutants.json"]
+    rows = json.loads((out / "mutants.json").read_text())
+    assert [r["mutant"] for r in rows] == ["builds", "breaks"]
+    assert rows[0]["caught"] is True and rows[1]["built"] is False
+    assert "mutant 1 (breaks): build failed, see mutant-1-build.txt" in capsys.readouterr().out
