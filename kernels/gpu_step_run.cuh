@@ -471,7 +471,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_ATTEND: {
         const coli_attend_operands a = coli_unpack_attend(&o->op, p);
-        const int64_t pairs = a.rows * a.heads, chunks = attend_rows(pairs, a.sel_stride);
+        const int64_t pairs = a.rows * a.heads;
         if (attend_tiled(pairs, a.qk, a.vdim)) {
             const int64_t tiles = (a.rows + ATTEND_TILE_Q - 1) / ATTEND_TILE_Q;
             launch_early(chain_calls(), attend_tile_kernel,
@@ -480,6 +480,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
                 a.qk, a.vdim, a.sel_stride, a.scaling);
             break;
         }
+        const int64_t chunks = attend_rows(pairs, a.sel_stride);
         launch_early(chain_calls(), attend_part_kernel, dim3((unsigned)pairs, (unsigned)chunks), dim3(STEP_THREADS), 0,
             st, a.q, a.k, a.v, a.sel, g->scores, g->counts, a.out, pos, a.heads, a.qk, a.vdim, a.sel_stride, a.scaling);
         break;
