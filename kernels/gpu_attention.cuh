@@ -498,18 +498,30 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
 #define ATTEND_TILE_K WARP /* a tile's softmax: a warp a query, a lane a key */
 #define ATTEND_TILE_DIM 128
 
-/* Values a thread of attend_tile_kernel loads of a tile's keys (and of its values), and
- * outputs of its queries it sums: all of a tile's loads in flight at once. */
-#define ATTEND_TILE_LOADS (ATTEND_TILE_K * ATTEND_TILE_DIM / STEP_THREADS)
-#define ATTEND_TILE_OUTS (ATTEND_TILE_Q * ATTEND_TILE_DIM / STEP_THREADS)
+/* A thread of attend_tile_kernel's place in a tile: warp w takes rows w, w + nw, ... (keys
+ * or queries) and lane l columns l, l + WARP, ... of each, so no index is divided and a
+ * warp's loads of a row are one run of memory. ATTEND_TILE_ROWS rows a warp of a key
+ * tile (and of the queries' outputs: ATTEND_TILE_QROWS), ATTEND_TILE_COLS columns. */
+#define ATTEND_TILE_WARPS (STEP_THREADS / WARP)
+#define ATTEND_TILE_ROWS (ATTEND_TILE_K / ATTEND_TILE_WARPS)
+#define ATTEND_TILE_QROWS (ATTEND_TILE_Q / ATTEND_TILE_WARPS)
+#define ATTEND_TILE_COLS (ATTEND_TILE_DIM / WARP)
+
+/* Blocks of attend_tile_kernel an SM holds at least: its shared memory leaves room for
+ * five, and at its unbounded 101 registers two fit. HIP reads the number as waves an EU: 1. */
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(COLI_USE_HIP)
+#define ATTEND_TILE_MIN_BLOCKS 1
+#else
+#define ATTEND_TILE_MIN_BLOCKS 3
+#endif
 
 /* Whether a run's attention takes attend_tile_kernel: a prefill's many pairs, rows that fit. */
 static inline bool attend_tiled(int64_t pairs, int64_t qk, int64_t vdim) {
     return pairs >= ATTEND_MANY && qk <= ATTEND_TILE_DIM && vdim <= ATTEND_TILE_DIM;
 }
 
-/* Grid: (query tiles x heads, key chunks of ATTEND_CHUNK). */
-__global__ void __launch_bounds__(STEP_THREADS) attend_tile_kernel(const float *q, const float *k, const float *v,
+/* Grid: (query tiles x heads, key chunks of ATTEND_CHUNK); STEP_THREADS threads. */
+__global__ void __launch_bounds__(STEP_THREADS, ATTEND_TILE_MIN_BLOCKS) attend_tile_kernel(const float *q, const float *k, const float *v,
                                                                    const uint8_t *sel, float *part, int32_t *counts,
                                                                    float *attn, const int64_t *pos, int64_t rows,
                                                                    int64_t heads, int64_t qk, int64_t vdim,
@@ -521,111 +533,117 @@ __global__ void __launch_bounds__(STEP_THREADS) attend_tile_kernel(const float *
     __shared__ uint8_t on[ATTEND_TILE_Q][ATTEND_TILE_K];
     __shared__ float red[32];
     __shared__ int done[ATTEND_TILE_Q];
-    /* 32-bit divisions: a 64-bit one is a long software routine on a GPU */
-    const uint32_t tid = threadIdx.x, uqk = (uint32_t)qk, uvd = (uint32_t)vdim;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    /* 32-bit: a 64-bit division is a long software routine on a GPU */
     const int64_t h = blockIdx.x % (uint32_t)heads, r0 = (int64_t)(blockIdx.x / (uint32_t)heads) * ATTEND_TILE_Q;
     const int64_t nq = rows - r0 < ATTEND_TILE_Q ? rows - r0 : ATTEND_TILE_Q, p0 = *pos;
     const int64_t c = blockIdx.y, first = c * ATTEND_CHUNK, last_all = p0 + r0 + nq - 1;
     if (first > last_all) return; /* a whole block leaves together */
     const int64_t end = first + ATTEND_CHUNK - 1 < last_all ? first + ATTEND_CHUNK - 1 : last_all;
-    for (uint32_t i = tid; i < ATTEND_TILE_Q * uqk; i += blockDim.x) {
-        const uint32_t qi = i / uqk, x = i % uqk;
-        qs[qi][x] = qi < nq ? q[((r0 + qi) * heads + h) * qk + x] : 0.0f;
-    }
-    if (tid < ATTEND_TILE_Q) mq[tid] = -INFINITY, sq[tid] = 0.0f;
-    const int lane = tid % WARP, warp = tid / WARP, nw = blockDim.x / WARP;
-    float acc[ATTEND_TILE_OUTS];
 #pragma unroll
-    for (int j = 0; j < ATTEND_TILE_OUTS; j++) acc[j] = 0.0f;
-    for (int64_t t0 = first; t0 <= end; t0 += ATTEND_TILE_K) {
-        const uint32_t nk = (uint32_t)(end - t0 + 1 < ATTEND_TILE_K ? end - t0 + 1 : ATTEND_TILE_K);
-        float kl[ATTEND_TILE_LOADS], vl[ATTEND_TILE_LOADS];
+    for (int a = 0; a < ATTEND_TILE_QROWS; a++)
 #pragma unroll
-        for (int j = 0; j < ATTEND_TILE_LOADS; j++) { /* every load of the tile, then the stores */
-            const uint32_t i = tid + j * STEP_THREADS, ki = i / uqk, vi = i / uvd;
-            kl[j] = ki < nk ? k[((t0 + ki) * heads + h) * qk + i % uqk] : 0.0f;
-            vl[j] = vi < nk ? v[((t0 + vi) * heads + h) * vdim + i % uvd] : 0.0f;
+        for (int b = 0; b < ATTEND_TILE_COLS; b++) {
+            const int qi = warp + a * ATTEND_TILE_WARPS, x = lane + b * WARP;
+            qs[qi][x] = qi < nq && x < qk ? q[((r0 + qi) * heads + h) * qk + x] : 0.0f;
         }
-        uint8_t sl[ATTEND_TILE_Q * ATTEND_TILE_K / STEP_THREADS];
+    if (threadIdx.x < ATTEND_TILE_Q) mq[threadIdx.x] = -INFINITY, sq[threadIdx.x] = 0.0f;
+    float acc[ATTEND_TILE_QROWS][ATTEND_TILE_COLS];
 #pragma unroll
-        for (int j = 0; j < ATTEND_TILE_Q * ATTEND_TILE_K / STEP_THREADS; j++) {
-            const uint32_t i = tid + j * STEP_THREADS, qi = i / ATTEND_TILE_K, ki = i % ATTEND_TILE_K;
-            const int64_t t = t0 + ki;
-            sl[j] = qi < nq && ki < nk && t <= p0 + r0 + qi ? sel[(r0 + qi) * stride + t] : 0;
+    for (int a = 0; a < ATTEND_TILE_QROWS; a++)
+#pragma unroll
+        for (int b = 0; b < ATTEND_TILE_COLS; b++) acc[a][b] = 0.0f;
+    for (int64_t t0 = first; t0 <= end; t0 += ATTEND_TILE_K) {
+        const int nk = (int)(end - t0 + 1 < ATTEND_TILE_K ? end - t0 + 1 : ATTEND_TILE_K);
+        float kl[ATTEND_TILE_ROWS][ATTEND_TILE_COLS], vl[ATTEND_TILE_ROWS][ATTEND_TILE_COLS];
+#pragma unroll
+        for (int a = 0; a < ATTEND_TILE_ROWS; a++) { /* every load of the tile, then the stores */
+            const int ki = warp + a * ATTEND_TILE_WARPS;
+            const float *kr = k + ((t0 + ki) * heads + h) * qk, *vr = v + ((t0 + ki) * heads + h) * vdim;
+#pragma unroll
+            for (int b = 0; b < ATTEND_TILE_COLS; b++) {
+                const int x = lane + b * WARP;
+                kl[a][b] = ki < nk && x < qk ? kr[x] : 0.0f;
+                vl[a][b] = ki < nk && x < vdim ? vr[x] : 0.0f;
+            }
+        }
+        /* the selection: a warp a query's row, a lane a key */
+        uint8_t sl[ATTEND_TILE_QROWS];
+#pragma unroll
+        for (int a = 0; a < ATTEND_TILE_QROWS; a++) {
+            const int qi = warp + a * ATTEND_TILE_WARPS;
+            const int64_t t = t0 + lane;
+            sl[a] = qi < nq && lane < nk && t <= p0 + r0 + qi ? sel[(r0 + qi) * stride + t] : 0;
         }
         __syncthreads(); /* the tile before is read: its keys, values and exps */
 #pragma unroll
-        for (int j = 0; j < ATTEND_TILE_LOADS; j++) {
-            const uint32_t i = tid + j * STEP_THREADS;
-            if (i < ATTEND_TILE_K * uqk) ks[i / uqk][i % uqk] = kl[j];
-            if (i < ATTEND_TILE_K * uvd) vs[i / uvd][i % uvd] = vl[j];
-        }
+        for (int a = 0; a < ATTEND_TILE_ROWS; a++)
 #pragma unroll
-        for (int j = 0; j < ATTEND_TILE_Q * ATTEND_TILE_K / STEP_THREADS; j++) {
-            const uint32_t i = tid + j * STEP_THREADS;
-            on[i / ATTEND_TILE_K][i % ATTEND_TILE_K] = sl[j];
-        }
+            for (int b = 0; b < ATTEND_TILE_COLS; b++) {
+                ks[warp + a * ATTEND_TILE_WARPS][lane + b * WARP] = kl[a][b];
+                vs[warp + a * ATTEND_TILE_WARPS][lane + b * WARP] = vl[a][b];
+            }
+#pragma unroll
+        for (int a = 0; a < ATTEND_TILE_QROWS; a++) on[warp + a * ATTEND_TILE_WARPS][lane] = sl[a];
         __syncthreads();
-        /* the scores: a warp's lanes a query's 32 keys */
-        for (uint32_t i = tid; i < ATTEND_TILE_Q * ATTEND_TILE_K; i += blockDim.x) {
-            const uint32_t qi = i / ATTEND_TILE_K, ki = i % ATTEND_TILE_K;
+        /* the scores and each query's softmax carried over: a warp a query, a lane a key */
+#pragma unroll
+        for (int a = 0; a < ATTEND_TILE_QROWS; a++) {
+            const int qi = warp + a * ATTEND_TILE_WARPS;
             float d = 0.0f;
-            if (on[qi][ki])
-                for (uint32_t x = 0; x < uqk; x++) d += qs[qi][x] * ks[ki][x];
-            ps[qi][ki] = on[qi][ki] ? d * scaling : -INFINITY;
-        }
-        __syncthreads();
-        /* each query's softmax carried over: a warp a query, a lane a key */
-        for (int qi = warp; qi < ATTEND_TILE_Q; qi += nw) {
-            const float x = ps[qi][lane], mo = mq[qi], mn = fmaxf(mo, warp_max(x));
-            const float e = x == -INFINITY ? 0.0f : expf(x - mn), a = mo == -INFINITY ? 0.0f : expf(mo - mn);
+            if (on[qi][lane])
+                for (int x = 0; x < qk; x++) d += qs[qi][x] * ks[lane][x];
+            const float sc = on[qi][lane] ? d * scaling : -INFINITY, mo = mq[qi], mn = fmaxf(mo, warp_max(sc));
+            const float e = sc == -INFINITY ? 0.0f : expf(sc - mn), al = mo == -INFINITY ? 0.0f : expf(mo - mn);
             const float se = warp_sum(e);
             ps[qi][lane] = e;
             COLI_SYNC_WARP(); /* every lane has read mq before it changes */
-            if (lane == 0) mq[qi] = mn, sq[qi] = sq[qi] * a + se, scale_q[qi] = a;
+            if (lane == 0) mq[qi] = mn, sq[qi] = sq[qi] * al + se, scale_q[qi] = al;
         }
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < ATTEND_TILE_OUTS; j++) {
-            const uint32_t o = tid + j * STEP_THREADS, qi = o / uvd, d = o % uvd;
-            if (qi < ATTEND_TILE_Q) {
-                float a = acc[j] * scale_q[qi];
-                for (uint32_t ki = 0; ki < nk; ki++) a += ps[qi][ki] * vs[ki][d];
-                acc[j] = a;
+        for (int a = 0; a < ATTEND_TILE_QROWS; a++) {
+            const int qi = warp + a * ATTEND_TILE_WARPS;
+#pragma unroll
+            for (int b = 0; b < ATTEND_TILE_COLS; b++) {
+                const int d = lane + b * WARP;
+                float s = acc[a][b] * scale_q[qi];
+                for (int ki = 0; ki < nk; ki++) s += ps[qi][ki] * vs[ki][d];
+                acc[a][b] = s;
             }
         }
     }
     /* each query's part of this chunk, or its output where its keys fit one chunk */
     const int64_t parts = gridDim.y;
 #pragma unroll
-    for (int j = 0; j < ATTEND_TILE_OUTS; j++) {
-        const uint32_t o = tid + j * STEP_THREADS, qi = o / uvd, d = o % uvd;
-        if (qi >= nq) continue;
+    for (int a = 0; a < ATTEND_TILE_QROWS; a++) {
+        const int qi = warp + a * ATTEND_TILE_WARPS;
         const int64_t last = p0 + r0 + qi, pair = (r0 + qi) * heads + h;
-        if (first > last) continue;
-        if (last < ATTEND_CHUNK) attn[pair * vdim + d] = acc[j] / sq[qi];
-        else part[(pair * parts + c) * (vdim + 2) + 2 + d] = acc[j];
-    }
-    if (tid < nq) {
-        const int64_t last = p0 + r0 + tid, pair = (r0 + tid) * heads + h;
-        if (first <= last && last >= ATTEND_CHUNK) {
-            float *out = part + (pair * parts + c) * (vdim + 2);
-            out[0] = mq[tid], out[1] = sq[tid];
+        if (qi >= nq || first > last) continue;
+        float *out = part + (pair * parts + c) * (vdim + 2);
+#pragma unroll
+        for (int b = 0; b < ATTEND_TILE_COLS; b++) {
+            const int d = lane + b * WARP;
+            if (d >= vdim) continue;
+            if (last < ATTEND_CHUNK) attn[pair * vdim + d] = acc[a][b] / sq[qi];
+            else out[2 + d] = acc[a][b];
         }
+        if (lane == 0 && last >= ATTEND_CHUNK) out[0] = mq[qi], out[1] = sq[qi];
     }
     /* the last block of each query's chunks combines its parts (last_block's steps, a
      * counter a query) */
     __threadfence();
     __syncthreads();
-    if (tid < ATTEND_TILE_Q) {
+    if (threadIdx.x < ATTEND_TILE_Q) {
+        const int qi = threadIdx.x;
         int last_one = 0;
-        const int64_t last = p0 + r0 + tid;
-        if (tid < nq && first <= last && last >= ATTEND_CHUNK) {
-            const int64_t pair = (r0 + tid) * heads + h, spans = last / ATTEND_CHUNK + 1;
+        const int64_t last = p0 + r0 + qi;
+        if (qi < nq && first <= last && last >= ATTEND_CHUNK) {
+            const int64_t pair = (r0 + qi) * heads + h, spans = last / ATTEND_CHUNK + 1;
             last_one = atomicAdd(counts + pair, 1) == (int32_t)(spans < parts ? spans : parts) - 1;
             if (last_one) counts[pair] = 0;
         }
-        done[tid] = last_one;
+        done[qi] = last_one;
     }
     __syncthreads();
     for (int qi = 0; qi < nq; qi++) {
@@ -635,10 +653,10 @@ __global__ void __launch_bounds__(STEP_THREADS) attend_tile_kernel(const float *
         const int64_t spans = spans_all < parts ? spans_all : parts;
         const float *pp = part + pair * parts * (vdim + 2);
         float M = -INFINITY;
-        for (int64_t s = tid; s < spans; s += blockDim.x)
+        for (int64_t s = threadIdx.x; s < spans; s += blockDim.x)
             if (COLI_LOAD_GRID(pp + s * (vdim + 2) + 1) > 0.0f) M = fmaxf(M, COLI_LOAD_GRID(pp + s * (vdim + 2)));
         M = block_max(M, red); /* its barriers also keep the last query's red apart */
-        for (int64_t d = tid; d < vdim; d += blockDim.x) {
+        for (int64_t d = threadIdx.x; d < vdim; d += blockDim.x) {
             float a = 0.0f, total = 0.0f;
             for (int64_t s = 0; s < spans; s++) {
                 const float *span = pp + s * (vdim + 2);
