@@ -192,6 +192,95 @@ __global__ void __launch_bounds__(STEP_THREADS, INDEX_MIN_BLOCKS)
     select_topk(sc, s, valid, total, (uint32_t)topk);
 }
 
+/* A prefill's indexer: its rows are many and their keys mostly the same, and
+ * indexer_kernel's warp a (row, key) read the key's row once a query and its query's
+ * heads once a key. indexer_tile_kernel's block takes INDEX_TILE_Q rows' queries, held
+ * in shared memory, over a chunk of STEP_THREADS keys, a thread a key: its key's row
+ * held in registers, every (row, head) dot a sum in the thread (in i order, where
+ * indexer_kernel's is a warp's tree: rounding apart). Then index_select_kernel, a block
+ * a row, takes each row's topk as indexer_kernel's last block does. Two kernels where
+ * a decode's one: a prefill's rows' selections in parallel rather than each in the last
+ * of its row's blocks. Heads and dim as held (INDEX_TILE_HEADS, INDEX_TILE_DIM, their
+ * product INDEX_TILE_HD), dim a multiple of 4 (the queries read four values a load). */
+#define INDEX_TILE_Q 16
+#define INDEX_TILE_DIM 64
+#define INDEX_TILE_HEADS 32
+#define INDEX_TILE_HD 512
+
+/* Whether an indexer run takes indexer_tile_kernel: a prefill's rows, heads that fit. */
+static inline bool indexer_tiled(int64_t rows, int64_t heads, int64_t dim) {
+    return rows >= INDEX_TILE_Q && dim <= INDEX_TILE_DIM && dim % 4 == 0 && heads <= INDEX_TILE_HEADS &&
+           heads * dim <= INDEX_TILE_HD;
+}
+
+/* Grid: (row tiles, key chunks of STEP_THREADS); STEP_THREADS threads. scores[row][t]
+ * for keys t <= p + row of each row that sees more than topk keys (the others select
+ * every key, and their scores are not needed). */
+__global__ void __launch_bounds__(STEP_THREADS) indexer_tile_kernel(const float *iq, const float *iw, const float *keys,
+                                                                     float *scores, const int64_t *pos, int64_t heads,
+                                                                     int64_t dim, int64_t stride, int64_t topk,
+                                                                     int64_t rows, float weight_scale) {
+    STEP_KERNEL_BEGIN();
+    __shared__ float4 qs[INDEX_TILE_Q][INDEX_TILE_HD / 4];
+    __shared__ float ws[INDEX_TILE_Q][INDEX_TILE_HEADS];
+    const int64_t r0 = (int64_t)blockIdx.x * INDEX_TILE_Q, p0 = *pos;
+    const int nq = (int)(rows - r0 < INDEX_TILE_Q ? rows - r0 : INDEX_TILE_Q);
+    const int64_t t0 = (int64_t)blockIdx.y * blockDim.x, t = t0 + threadIdx.x;
+    /* whole blocks leave together: past the last row's keys, or every row selecting all */
+    if (t0 >= p0 + r0 + nq || p0 + r0 + nq <= topk) return;
+    const int hd = (int)(heads * dim);
+    float *qf = &qs[0][0].x;
+    for (int i = threadIdx.x; i < nq * INDEX_TILE_HD; i += blockDim.x) {
+        const int qi = i / INDEX_TILE_HD, x = i % INDEX_TILE_HD;
+        if (x < hd) qf[i] = iq[(r0 + qi) * hd + x];
+    }
+    for (int i = threadIdx.x; i < nq * INDEX_TILE_HEADS; i += blockDim.x) {
+        const int qi = i / INDEX_TILE_HEADS, h = i % INDEX_TILE_HEADS;
+        if (h < heads) ws[qi][h] = iw[(r0 + qi) * heads + h] * weight_scale;
+    }
+    float kr[INDEX_TILE_DIM];
+    const bool key = t < p0 + r0 + nq;
+#pragma unroll
+    for (int i = 0; i < INDEX_TILE_DIM; i++) kr[i] = key && i < dim ? keys[t * dim + i] : 0.0f;
+    __syncthreads();
+    if (!key) return;
+    const float scale = 1.0f / sqrtf((float)dim);
+    const int d4 = (int)dim / 4;
+    for (int qi = 0; qi < nq; qi++) {
+        const int64_t valid = p0 + r0 + qi + 1;
+        if (valid <= topk || t >= valid) continue; /* the same for every thread of a warp but at its edge */
+        float total = 0.0f;
+        for (int h = 0; h < heads; h++) {
+            const float4 *qh = qs[qi] + h * d4;
+            float d = 0.0f;
+#pragma unroll
+            for (int j = 0; j < INDEX_TILE_DIM / 4; j++) {
+                if (j >= d4) break;
+                const float4 qv = qh[j];
+                d += qv.x * kr[4 * j], d += qv.y * kr[4 * j + 1], d += qv.z * kr[4 * j + 2], d += qv.w * kr[4 * j + 3];
+            }
+            d *= scale;
+            total += ws[qi][h] * (d > 0.0f ? d : 0.0f);
+        }
+        scores[(r0 + qi) * stride + t] = total;
+    }
+}
+
+/* A block a row: its selection after indexer_tile_kernel (every key where the row
+ * sees at most topk, else select_topk), and cleared to the step's last key. */
+__global__ void __launch_bounds__(STEP_THREADS) index_select_kernel(const float *scores, uint8_t *sel,
+                                                                     const int64_t *pos, int64_t stride, int64_t topk,
+                                                                     int64_t rows) {
+    STEP_KERNEL_BEGIN();
+    const int64_t row = blockIdx.x, valid = *pos + row + 1, total = *pos + rows;
+    uint8_t *s = sel + row * stride;
+    if (valid <= topk) {
+        for (int64_t t = threadIdx.x; t < total; t += blockDim.x) s[t] = t < valid;
+        return;
+    }
+    select_topk(scores + row * stride, s, valid, total, (uint32_t)topk);
+}
+
 /* ---- attention ------------------------------------------------------------------- */
 
 /* Keys a block of attend_part_kernel takes (attend_span): where there are

@@ -464,6 +464,15 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
         const int per = STEP_THREADS / WARP;
         /* keys up to the largest position the step allows for its last row */
         const int64_t keys = a.sel_stride;
+        if (indexer_tiled(a.rows, a.heads, a.dim)) {
+            const int64_t tiles = (a.rows + INDEX_TILE_Q - 1) / INDEX_TILE_Q;
+            launch_early(chain_calls(), indexer_tile_kernel,
+                dim3((unsigned)tiles, (unsigned)((keys + STEP_THREADS - 1) / STEP_THREADS)), dim3(STEP_THREADS), 0, st,
+                a.iq, a.iw, a.keys, g->scores, pos, a.heads, a.dim, a.sel_stride, a.topk, a.rows, a.weight_scale);
+            launch_early(chain_calls(), index_select_kernel, dim3((unsigned)a.rows), dim3(STEP_THREADS), 0, st,
+                g->scores, a.sel, pos, a.sel_stride, a.topk, a.rows);
+            break;
+        }
         launch_early(chain_calls(), indexer_kernel, dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows),
             dim3(STEP_THREADS), 0, st, a.iq, a.iw, a.keys, g->scores, a.sel, g->counts, pos, a.heads, a.dim,
             a.sel_stride, a.topk, a.rows, a.weight_scale);
