@@ -3,6 +3,7 @@ that an unexpected skip fails the run (COLI_FAIL_ON_SKIP=1, set by nox)."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -143,20 +144,35 @@ def build_bench_probe(name: str, out_dir: Path, *extra: str) -> Path:
 SANITIZE = ["-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
 
 
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary folder, shared by pytest-xdist's workers (each has its own
+    below it); without xdist, the run's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The host and the reference backend built with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    """The host and the reference backend built with AddressSanitizer and UndefinedBehaviorSanitizer,
+    once a run: the first worker to ask builds them under a lock, and the others find them
+    (two modules ask, and their two builds were about a minute of gcc)."""
     from toolchain import commands
 
     need_tool("gcc")
-    out = tmp_path_factory.mktemp("asan")
-    inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+    shared = run_folder(tmp_path_factory)
+    out = shared / "asan"
     host, ref = out / "coli", out / "libcoli_ref.so"
-    warn = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
-    sources = [str(ROOT / s) for s in commands.HOST_SOURCES]
-    compile_ok(["gcc", *warn, *SANITIZE, *inc, *sources, "-o", str(host), "-lm", "-lpthread"])
-    ref_sources = [str(ROOT / s) for s in commands.REF_SOURCES]
-    compile_ok(["gcc", *warn, *SANITIZE, "-shared", "-fPIC", *inc, *ref_sources, "-o", str(ref), "-lm"])
+    with open(shared / "asan.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "built").exists():
+            out.mkdir(exist_ok=True)
+            inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+            warn = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+            sources = [str(ROOT / s) for s in commands.HOST_SOURCES]
+            compile_ok(["gcc", *warn, *SANITIZE, *inc, *sources, "-o", str(host), "-lm", "-lpthread"])
+            ref_sources = [str(ROOT / s) for s in commands.REF_SOURCES]
+            compile_ok(["gcc", *warn, *SANITIZE, "-shared", "-fPIC", *inc, *ref_sources, "-o", str(ref), "-lm"])
+            (out / "built").touch()  # last: a worker that failed half-way leaves no "built"
     return host, ref
 
 
