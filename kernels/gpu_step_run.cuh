@@ -461,7 +461,6 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
     }
     case COLI_OP_INDEXER: {
         const coli_indexer_operands a = coli_unpack_indexer(&o->op, p);
-        const int per = STEP_THREADS / WARP;
         /* keys up to the largest position the step allows for its last row */
         const int64_t keys = a.sel_stride;
         if (indexer_tiled(a.rows, a.heads, a.dim)) {
@@ -473,6 +472,7 @@ static void launch_op(const coli_rec_op *o, int32_t at, const gpu_rec *g, cudaSt
                 g->scores, a.sel, pos, a.sel_stride, a.topk, a.rows);
             break;
         }
+        const int per = STEP_THREADS / WARP;
         launch_early(chain_calls(), indexer_kernel, dim3((unsigned)((keys + per - 1) / per), (unsigned)a.rows),
             dim3(STEP_THREADS), 0, st, a.iq, a.iw, a.keys, g->scores, a.sel, g->counts, pos, a.heads, a.dim,
             a.sel_stride, a.topk, a.rows, a.weight_scale);

@@ -155,7 +155,7 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The host and the reference backend built with AddressSanitizer and UndefinedBehaviorSanitizer,
     once a run: the first worker to ask builds them under a lock, and the others find them
-    (two modules ask, and their two builds were about a minute of gcc)."""
+    (two modules ask, and each worker built its own)."""
     from toolchain import commands
 
     need_tool("gcc")
