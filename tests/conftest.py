@@ -80,6 +80,22 @@ def built_project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root
 
 
+# The modules that take longest, longest first; the rest follow in collection order. pytest-xdist
+# hands modules out in this order, so the long builds start at once and the short modules fill in
+# beside them (longest processing time first); by xdist's own order, most tests first, these
+# single-test builds came last and ran alone on one core at the end.
+LONGEST_FIRST = tuple(
+    f"integration/test_{name}.py" for name in ("release", "build", "release_interrupt", "model", "shared_cache")
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    tests = ROOT / "tests"
+    # sorted() is stable: each module keeps its tests' order
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("COLI_FAIL_ON_SKIP") != "1":
         return
