@@ -582,7 +582,8 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
  * them, each query's softmax carried across the tiles (its max, its sum, its weighted v
  * rescaled by exp(old max - new max)); its parts are attend_part_kernel's, and the last
  * block of a query's chunks combines them as attend_part_kernel's does, in span order.
- * Rows up to ATTEND_TILE_DIM values (qk and vdim), else attend_part_kernel. */
+ * Rows up to ATTEND_TILE_DIM values (qk and vdim; qk a multiple of 4, as the scores
+ * read the queries four values a load), else attend_part_kernel. */
 #define ATTEND_TILE_Q 16
 #define ATTEND_TILE_K WARP /* a tile's softmax: a warp a query, a lane a key */
 #define ATTEND_TILE_DIM 128
@@ -606,7 +607,7 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_MIN_BLOCKS) attend_part_k
 
 /* Whether a run's attention takes attend_tile_kernel: a prefill's many pairs, rows that fit. */
 static inline bool attend_tiled(int64_t pairs, int64_t qk, int64_t vdim) {
-    return pairs >= ATTEND_MANY && qk <= ATTEND_TILE_DIM && vdim <= ATTEND_TILE_DIM;
+    return pairs >= ATTEND_MANY && qk <= ATTEND_TILE_DIM && qk % 4 == 0 && vdim <= ATTEND_TILE_DIM;
 }
 
 /* Grid: (query tiles x heads, key chunks of ATTEND_CHUNK); STEP_THREADS threads. */
@@ -617,7 +618,8 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_TILE_MIN_BLOCKS) attend_t
                                                                    int64_t stride, float scaling) {
     STEP_KERNEL_BEGIN();
     __shared__ float ks[ATTEND_TILE_K][ATTEND_TILE_DIM + 1]; /* + 1: a warp's keys in distinct banks */
-    __shared__ float vs[ATTEND_TILE_K][ATTEND_TILE_DIM], qs[ATTEND_TILE_Q][ATTEND_TILE_DIM];
+    __shared__ float vs[ATTEND_TILE_K][ATTEND_TILE_DIM];
+    __shared__ __align__(16) float qs[ATTEND_TILE_Q][ATTEND_TILE_DIM];
     __shared__ float ps[ATTEND_TILE_Q][ATTEND_TILE_K], mq[ATTEND_TILE_Q], sq[ATTEND_TILE_Q], scale_q[ATTEND_TILE_Q];
     __shared__ uint8_t on[ATTEND_TILE_Q][ATTEND_TILE_K];
     __shared__ float red[32];
@@ -675,13 +677,23 @@ __global__ void __launch_bounds__(STEP_THREADS, ATTEND_TILE_MIN_BLOCKS) attend_t
 #pragma unroll
         for (int a = 0; a < ATTEND_TILE_QROWS; a++) on[warp + a * ATTEND_TILE_WARPS][lane] = sl[a];
         __syncthreads();
-        /* the scores and each query's softmax carried over: a warp a query, a lane a key */
+        /* the scores and each query's softmax carried over: a warp its queries, a lane a
+         * key, whose values are read once for the warp's queries and theirs four at a time */
+        float dq[ATTEND_TILE_QROWS];
+#pragma unroll
+        for (int a = 0; a < ATTEND_TILE_QROWS; a++) dq[a] = 0.0f;
+        for (int x = 0; x < qk; x += 4) {
+            const float k0 = ks[lane][x], k1 = ks[lane][x + 1], k2 = ks[lane][x + 2], k3 = ks[lane][x + 3];
+#pragma unroll
+            for (int a = 0; a < ATTEND_TILE_QROWS; a++) {
+                const float4 qv = *(const float4 *)&qs[warp + a * ATTEND_TILE_WARPS][x];
+                dq[a] += qv.x * k0, dq[a] += qv.y * k1, dq[a] += qv.z * k2, dq[a] += qv.w * k3;
+            }
+        }
 #pragma unroll
         for (int a = 0; a < ATTEND_TILE_QROWS; a++) {
             const int qi = warp + a * ATTEND_TILE_WARPS;
-            float d = 0.0f;
-            if (on[qi][lane])
-                for (int x = 0; x < qk; x++) d += qs[qi][x] * ks[lane][x];
+            const float d = dq[a];
             const float sc = on[qi][lane] ? d * scaling : -INFINITY, mo = mq[qi], mn = fmaxf(mo, warp_max(sc));
             const float e = sc == -INFINITY ? 0.0f : expf(sc - mn), al = mo == -INFINITY ? 0.0f : expf(mo - mn);
             const float se = warp_sum(e);
