@@ -92,7 +92,7 @@ LONGEST_FIRST = tuple(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     tests = ROOT / "tests"
-    # sorted() is stable: each module keeps its tests' order
+    # list.sort is stable: each module keeps its tests' order
     items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))
 
 
