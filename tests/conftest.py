@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -167,29 +167,68 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-@pytest.fixture(scope="session")
-def sanitized(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The host and the reference backend built with AddressSanitizer and UndefinedBehaviorSanitizer,
-    once a run: the first worker to ask builds them under a lock, and the others find them
-    (two modules ask, and each worker built its own)."""
-    from toolchain import commands
-
-    need_tool("gcc")
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """run_folder's `name`, filled by `build` once a run: the first worker to ask builds it under
+    a lock, and the others wait for it and find it."""
     shared = run_folder(tmp_path_factory)
-    out = shared / "asan"
-    host, ref = out / "coli", out / "libcoli_ref.so"
-    with open(shared / "asan.lock", "w") as lock:
+    out = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "built").exists():
             out.mkdir(exist_ok=True)
-            inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
-            warn = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
-            sources = [str(ROOT / s) for s in commands.HOST_SOURCES]
-            compile_ok(["gcc", *warn, *SANITIZE, *inc, *sources, "-o", str(host), "-lm", "-lpthread"])
-            ref_sources = [str(ROOT / s) for s in commands.REF_SOURCES]
-            compile_ok(["gcc", *warn, *SANITIZE, "-shared", "-fPIC", *inc, *ref_sources, "-o", str(ref), "-lm"])
+            build(out)
             (out / "built").touch()  # last: a worker that failed half-way leaves no "built"
-    return host, ref
+    return out
+
+
+# the CPU kernels every sanitized build links; warning-free as the host's own build requires
+CPU_KERNELS = ("kernels/cpu_ops.c", "kernels/cpu_model_ops.c")
+WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+
+
+def _object(source: str) -> str:
+    return Path(source).with_suffix(".o").name
+
+
+@pytest.fixture(scope="session")
+def asan_kernels(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """CPU_KERNELS as ASan/UBSan objects, position-independent so that the host, the reference
+    backend and the C checks all link them, compiled once a run: cpu_ops.c alone takes a core
+    seconds so, and six builds link it."""
+    need_tool("gcc")
+
+    def build(out: Path) -> None:
+        inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}"]
+        for src in CPU_KERNELS:
+            compile_ok(["gcc", *WARN, *SANITIZE, "-fPIC", *inc, "-c", str(ROOT / src), "-o", str(out / _object(src))])
+
+    out = built_once(tmp_path_factory, "asan-kernels", build)
+    return [str(out / _object(src)) for src in CPU_KERNELS]
+
+
+def without_cpu_kernels(sources: tuple[str, ...]) -> list[str]:
+    """`sources` (paths from the repository's root) less CPU_KERNELS, as absolute paths."""
+    return [str(ROOT / s) for s in sources if s not in CPU_KERNELS]
+
+
+@pytest.fixture(scope="session")
+def sanitized(gen_dir: Path, asan_kernels: list[str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The host and the reference backend built with AddressSanitizer and UndefinedBehaviorSanitizer,
+    once a run (two modules ask)."""
+    from toolchain import commands
+
+    need_tool("gcc")
+
+    def build(out: Path) -> None:
+        inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
+        host = without_cpu_kernels(commands.HOST_SOURCES)
+        compile_ok(["gcc", *WARN, *SANITIZE, *inc, *host, *asan_kernels, "-o", str(out / "coli"), "-lm", "-lpthread"])
+        ref = without_cpu_kernels(commands.REF_SOURCES)
+        compile_ok(["gcc", *WARN, *SANITIZE, "-shared", "-fPIC", *inc, *ref, *asan_kernels,
+                    "-o", str(out / "libcoli_ref.so"), "-lm"])  # fmt: skip
+
+    out = built_once(tmp_path_factory, "asan", build)
+    return out / "coli", out / "libcoli_ref.so"
 
 
 def run_host(

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool
+from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool, without_cpu_kernels
 from toolchain.command_data import REF_SOURCES
 
 SHAPES = [(512, 2048), (1536, 512), (2048, 1024), (5632, 2048), (2048, 5632), (32000, 2048)]
 
 
 @pytest.fixture(scope="module")
-def timer(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def timer(gen_dir: Path, asan_kernels: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     need_tool("gcc")
     exe = tmp_path_factory.mktemp("call_latency") / "call_latency"
     compile_ok(
         ["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
-         str(ROOT / "tools/call_latency.c"), *(str(ROOT / s) for s in REF_SOURCES),
+         str(ROOT / "tools/call_latency.c"), *without_cpu_kernels(REF_SOURCES), *asan_kernels,
          "-o", str(exe), "-lm"]
     )  # fmt: skip
     return exe

@@ -590,7 +590,9 @@ def test_fused_expert_tensors_read_as_per_expert_ones(sanitized: tuple[Path, Pat
         assert together["tf_pred"] == exp["tf_pred"]
 
 
-def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp_path: Path) -> None:
+def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(
+    gen_dir: Path, asan_kernels: list[str], tmp_path: Path
+) -> None:
     """The CPU matmuls at every format on 3,000 random shapes (tails, one row, one
     column, int4 groups of 2 to 128), under ASan/UBSan: each output within rounding of
     a double-precision sum, and the vector loops' bits equal to the portable loops'. On
@@ -604,8 +606,8 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     and the quantisers round halves away from zero as lroundf does."""
     exe = tmp_path / "cpu_dot_check"
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}"]
-    sources = [str(ROOT / s) for s in ("tests/c/cpu_dot_check.c", "kernels/cpu_ops.c", "kernels/cpu_model_ops.c")]
-    compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, *sources, "-o", str(exe), "-lm"])
+    compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, str(ROOT / "tests/c/cpu_dot_check.c"), *asan_kernels,
+                "-o", str(exe), "-lm"])  # fmt: skip
     runs = {}
     for env in ({}, {"COLI_CPU_LOOPS": "avx512vnni"}, {"COLI_CPU_LOOPS": "avx2"}, {"COLI_CPU_PORTABLE": "1"}):
         proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
@@ -625,15 +627,17 @@ def test_the_vector_loops_give_the_portable_bits_on_odd_sizes(gen_dir: Path, tmp
     assert len(set(runs.values())) == 1, runs
 
 
-def test_latent_attention_within_rounding_and_its_split_exact(gen_dir: Path, tmp_path: Path) -> None:
+def test_latent_attention_within_rounding_and_its_split_exact(
+    gen_dir: Path, asan_kernels: list[str], tmp_path: Path
+) -> None:
     """Attention over the latent cache on 400 random caches, selections and sizes (one
     key to several blocks, keys apart and side by side), under ASan/UBSan: every output
     within rounding of a double-precision softmax and sum, and a decode's blocks run in
     any order then combined give the one-walk bits, and the vector loops the portable
     loops' bits."""
     exe = tmp_path / "latent_check"
-    sources = [str(ROOT / s) for s in ("tests/c/latent_check.c", "kernels/cpu_model_ops.c", "kernels/cpu_ops.c")]
-    compile_ok(["gcc", "-std=c11", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", *sources, "-o", str(exe), "-lm"])
+    compile_ok(["gcc", "-std=c11", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
+                str(ROOT / "tests/c/latent_check.c"), *asan_kernels, "-o", str(exe), "-lm"])  # fmt: skip
     hashes = set()
     for env in ({}, {"COLI_CPU_LOOPS": "avx2"}, {"COLI_CPU_PORTABLE": "1"}):
         proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
@@ -642,18 +646,15 @@ def test_latent_attention_within_rounding_and_its_split_exact(gen_dir: Path, tmp
     assert len(hashes) == 1, hashes  # every SIMD level's bits
 
 
-def test_the_indexers_selection_is_a_sorts_first_k(gen_dir: Path, tmp_path: Path) -> None:
+def test_the_indexers_selection_is_a_sorts_first_k(gen_dir: Path, asan_kernels: list[str], tmp_path: Path) -> None:
     """The indexer keeps its top-k keys by selection, not a full sort (a radix selection,
     then the tie at the cut by quickselect): on 20,000 random arrays with many ties, zeros
     of both signs and wide magnitudes, under ASan/UBSan, the set is the sorted order's
     first k."""
-    from tests.conftest import SANITIZE, compile_ok
-
-    others = [str(ROOT / "kernels" / s) for s in ("cpu_model_ops.c", "cpu_ops.c")]
     exe = tmp_path / "topk_check"
     inc = [f"-I{gen_dir}", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'engine'}"]
-    compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, str(ROOT / "tests/c/topk_check.c"), *others, "-o", str(exe),
-                "-lm", "-lpthread"])  # fmt: skip
+    compile_ok(["gcc", "-std=c11", *SANITIZE, *inc, str(ROOT / "tests/c/topk_check.c"), *asan_kernels,
+                "-o", str(exe), "-lm", "-lpthread"])  # fmt: skip
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     want = "coli_select_first and coli_index_select == qsort prefix on 20000 arrays"
     assert proc.returncode == 0 and want in proc.stdout, proc.stdout
