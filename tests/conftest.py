@@ -193,8 +193,8 @@ def _object(source: str) -> str:
 @pytest.fixture(scope="session")
 def asan_kernels(gen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """CPU_KERNELS as ASan/UBSan objects, position-independent so that the host, the reference
-    backend and the C checks all link them, compiled once a run: cpu_ops.c alone takes a core
-    seconds so, and six builds link it."""
+    backend and the C checks all link them, compiled once a run: cpu_ops.c takes a core several
+    seconds to compile so, and six builds link it."""
     need_tool("gcc")
 
     def build(out: Path) -> None:
