@@ -64,6 +64,10 @@ def verify_check(root: Path, key: str, name: str) -> dict[str, object]:
     return dict(check)
 
 
+# C11, warning-free, as the project's own builds are
+WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+
+
 def need_tool(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
@@ -151,7 +155,7 @@ def refusal_line(exe: Path, args: list[str]) -> str:
 def build_bench_probe(name: str, out_dir: Path, *extra: str) -> Path:
     """bench/<name>.c (with `extra` sources and flags) built warning-free, as its header says."""
     exe = out_dir / name
-    compile_ok(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-pthread",
+    compile_ok(["gcc", *WARN, "-O2", "-pthread",
                 str(ROOT / f"bench/{name}.c"), *extra, "-o", str(exe)])  # fmt: skip
     return exe
 
@@ -181,9 +185,8 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     return out
 
 
-# the CPU kernels every sanitized build links; warning-free as the host's own build requires
+# the CPU kernels every sanitized build links
 CPU_KERNELS = ("kernels/cpu_ops.c", "kernels/cpu_model_ops.c")
-WARN = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 
 
 def _object(source: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool, without_cpu_kernels
+from tests.conftest import ROOT, SANITIZE, WARN, compile_ok, need_tool, without_cpu_kernels
 from toolchain.command_data import REF_SOURCES
 
 SHAPES = [(512, 2048), (1536, 512), (2048, 1024), (5632, 2048), (2048, 5632), (32000, 2048)]
@@ -21,7 +21,7 @@ def timer(gen_dir: Path, asan_kernels: list[str], tmp_path_factory: pytest.TempP
     need_tool("gcc")
     exe = tmp_path_factory.mktemp("call_latency") / "call_latency"
     compile_ok(
-        ["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
+        ["gcc", *WARN, *SANITIZE, f"-I{gen_dir}", f"-I{ROOT / 'kernels'}",
          str(ROOT / "tools/call_latency.c"), *without_cpu_kernels(REF_SOURCES), *asan_kernels,
          "-o", str(exe), "-lm"]
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """`doit release` for real: the local matrix (Linux host, reference, HIP and CUDA
 backends, the Windows host and reference DLL; windows-hip cannot be built here), its CUDA
-group cut to one arch: each arch costs a release's nvcc about 40 s of a core, the suite
-releases twice, and two arches in one group are the default build's (test_build.py)."""
+group cut to one arch: each arch is one more nvcc compile of the whole backend in each of
+the suite's two releases, and two arches in one group are the default build's (test_build.py)."""
 
 from __future__ import annotations
 
