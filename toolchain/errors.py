@@ -14,6 +14,7 @@ __all__ = [
     "ToolchainError",
     "ValidateError",
     "VerifyError",
+    "os_error_line",
 ]
 
 
@@ -83,3 +84,10 @@ class ReleaseError(ColiError):
 
     exit_code = 7
     kind = "release failed"
+
+
+def os_error_line(exc: OSError) -> str:
+    """The file system's refusal as one line: the path or paths, then the system's reason."""
+    paths = " -> ".join(f"{p}" for p in (exc.filename, exc.filename2) if p is not None)
+    reason = exc.strerror or str(exc)
+    return f"{paths}: {reason}" if paths else reason

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ResolvedConfig, load_config
+from .config.folders import folder_problems
 from .config.release import ReleaseEntry, release_entries
 from .discover import Toolchains, discover
 from .errors import ConfigError
@@ -47,6 +48,9 @@ def load_plan(root: Path, variables: Mapping[str, str], env: Mapping[str, str]) 
     """Config (file < env < variables), toolchain discovery, and the build plans."""
     config_file = Path(variables.get("config") or env.get("COLI_CONFIG") or root / "configs/default.toml")
     rc: ResolvedConfig = load_config(config_file, env, variables)
+    problems = folder_problems(rc, root)
+    if problems:
+        raise ConfigError(problems)
     prober = Prober((root / rc.config.build.build_dir / ".cache" / "probes.json").absolute())
     toolchains = discover(rc, env, prober)
     release = rc.config.release

@@ -27,7 +27,7 @@ from .build import run_command
 from .closure import closure_problems
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs, launcher
 from .discover import Missing
-from .errors import ColiError, ReleaseError, ToolchainError, ValidateError, VerifyError
+from .errors import ColiError, ReleaseError, ToolchainError, ValidateError, VerifyError, os_error_line
 from .known_bad import known_bad
 from .lock import lock_differences, lock_of, read_lock, render_lock
 from .package import HipRuntime, build_info, package_files, write_package
@@ -88,13 +88,18 @@ def _task(
 
 
 def _guard(fn: Callable[..., None], *args: Any) -> Callable[[], TaskFailed | None]:
-    """Turn a ColiError into a one-line doit failure instead of a traceback."""
+    """Turn a ColiError, or the file system's refusal (a folder that cannot be made, a full
+    disk), into a one-line doit failure instead of a traceback (COLI_DEBUG=1 keeps it)."""
 
     def action() -> TaskFailed | None:
         try:
             fn(*args)
         except ColiError as exc:
             return TaskFailed(exc.one_line())
+        except OSError as exc:
+            if os.environ.get("COLI_DEBUG") == "1":
+                raise
+            return TaskFailed(os_error_line(exc))
         return None
 
     action.__name__ = getattr(fn, "__name__", "action")
@@ -611,7 +616,7 @@ class _Project:
 
     def task_clean_build(self) -> dict[str, Any]:
         """Remove the build and dist directories."""
-        return _task(actions=[self._clean], uptodate=[False])
+        return _task(actions=[_guard(self._clean)], uptodate=[False])
 
     def _clean(self) -> None:
         for d in self.loaded.folders:

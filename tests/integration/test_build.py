@@ -185,6 +185,14 @@ def test_named_arches(built_project: Path) -> None:
         (["arhc=cpu"], {}, 2, ["did you mean 'arch='"]),
         (["arch=sm_90"], {"NVCC": "/nonexistent/nvcc"}, 3, ["linux-x86_64-cuda: no nvcc", "env NVCC"]),
         (["profile=fast"], {}, 2, ["no profile 'fast'"]),
+        (["build_dir="], {}, 2, ["build.build_dir: empty; leave build_dir= out for the default ('build')"]),
+        (
+            ["dist_dir=.."],
+            {},
+            2,
+            ["build.dist_dir: '..' is the project's folder or holds it", "(the default is 'dist')"],
+        ),
+        (["build_dir=README.md/x"], {}, 1, ["error: ", "README.md/x/.cache: Not a directory"]),
     ],
 )
 def test_bad_requests_end_in_one_line(

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from toolchain.config import load_config
-from toolchain.errors import ConfigError
+from toolchain.config.folders import folder_problems
+from toolchain.errors import ConfigError, os_error_line
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "configs" / "default.toml"
@@ -222,3 +224,69 @@ def test_a_cache_store_that_is_not_a_redis_url_is_one_line(tmp_path: Path, url: 
     assert f"cache.remote: '{url}' is not a Redis URL; write redis://host:port[/db]" in line and "\n" not in line
     config.write_text('[cache]\nremote = "redis://10.0.0.5:6379/2"\n')
     assert load_config(config, {}, {}).config.cache.remote == "redis://10.0.0.5:6379/2"
+
+
+def _project(tmp_path: Path) -> Path:
+    """A git checkout holding one tracked source folder, src, and an untracked file."""
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "a.c").write_text("int a;\n")
+    (root / "notes.txt").write_text("x\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "src/a.c"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("variables", "problem"),
+    [
+        ({"build_dir": "."}, "build.build_dir: '.' is the project's folder or holds it; name a folder of its own"),
+        ({"dist_dir": ".."}, "build.dist_dir: '..' is the project's folder or holds it"),
+        ({"build_dir": "/"}, "build.build_dir: '/' is the project's folder or holds it"),
+        ({"dist_dir": "notes.txt"}, "build.dist_dir: 'notes.txt' is a file, not a folder; name a folder of its own"),
+        ({"build_dir": "src"}, "build.build_dir: 'src' holds files of the project (git tracks 1 there, e.g. src/a.c)"),
+        ({"build_dir": "./src/.."}, "build.build_dir: './src/..' is the project's folder or holds it"),
+    ],
+)
+def test_a_build_or_dist_folder_that_holds_the_project_is_refused(
+    tmp_path: Path, variables: dict[str, str], problem: str
+) -> None:
+    """`doit clean-build` removes both folders whole: neither may be the project, hold it,
+    or hold a file git tracks."""
+    root = _project(tmp_path)
+    rc = load_config(DEFAULT, {}, variables)
+    (line,) = folder_problems(rc, root)
+    assert line.startswith(f"var {next(iter(variables))}=: {problem}"), line
+    assert "(the default is '" in line
+
+
+def test_a_folder_of_its_own_is_accepted_inside_or_outside_the_project(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    (root / "build").mkdir()
+    for variables in ({}, {"build_dir": "src/out", "dist_dir": "out"}, {"build_dir": str(tmp_path / "elsewhere")}):
+        assert folder_problems(load_config(DEFAULT, {}, variables), root) == [], variables
+    # outside a git checkout only the project's own folder can be told
+    plain = tmp_path / "plain"
+    (plain / "src").mkdir(parents=True)
+    assert folder_problems(load_config(DEFAULT, {}, {"build_dir": "src"}), plain) == []
+
+
+@pytest.mark.parametrize("name", ["build_dir", "dist_dir"])
+def test_an_empty_folder_names_the_default(name: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(DEFAULT, {}, {name: " "})
+    default = "build" if name == "build_dir" else "dist"
+    assert f"var {name}=: build.{name}: empty; leave {name}= out for the default ('{default}')" in exc.value.one_line()
+
+
+def test_the_file_systems_refusal_is_one_line() -> None:
+    assert os_error_line(FileNotFoundError(2, "No such file or directory", "/proc/x")) == (
+        "/proc/x: No such file or directory"
+    )
+    assert (
+        os_error_line(OSError(18, "Invalid cross-device link", "/a", None, "/b"))
+        == "/a -> /b: Invalid cross-device link"
+    )
+    assert os_error_line(OSError("no details")) == "no details"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..arches import arch_table
 
@@ -54,10 +54,26 @@ class BuildSection(_Section):
         "installed SDK supports; arch= given empty is an error.",
     )
     profile: str = Field("release", description="Name of a [profiles.*] table.")
-    build_dir: str = Field("build", description="Where intermediate and final artifacts go, relative to the project.")
-    dist_dir: str = Field("dist", description="Where packages go, relative to the project.")
+    build_dir: str = Field(
+        "build",
+        description="Where intermediate and final artifacts go, relative to the project: a folder of its own "
+        "(`doit clean-build` removes it), not the project's, one holding it or one holding files git tracks.",
+    )
+    dist_dir: str = Field(
+        "dist", description="Where packages go, relative to the project: a folder of its own, as build_dir."
+    )
 
     _arches = field_validator("arch")(classmethod(lambda cls, v: _check_arches(v)))
+
+    @field_validator("build_dir", "dist_dir")
+    @classmethod
+    def _named(cls, v: str, info: ValidationInfo) -> str:
+        """An empty folder would be the project's own (toolchain/config/folders.py checks the rest)."""
+        if not v.strip():
+            name = info.field_name or ""
+            default = cls.model_fields[name].default
+            raise ValueError(f"empty; leave {name}= out for the default ('{default}'), or name a folder")
+        return v
 
 
 class HostSection(_Section):
