@@ -1,4 +1,5 @@
 /* Reading config.json and the weights into a model. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -518,7 +519,11 @@ int model_load(model *m, const char *dir, quant_mode quant, int threads, coli_ba
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = coli_read_file(path, &len);
     if (!text) {
-        snprintf(err, errlen, "%s: cannot read", path);
+        const int e = errno, kind = coli_path_kind(dir);
+        if (kind < 0) snprintf(err, errlen, "%s: no such model folder", dir);
+        else if (kind == 0)
+            snprintf(err, errlen, "%s: a file, not a model folder (config.json and its safetensors)", dir);
+        else snprintf(err, errlen, "%s: cannot read: %s", path, strerror(e));
         return 1;
     }
     int rc = json_parse(text, len, &cfg, jerr, sizeof jerr);

@@ -477,7 +477,9 @@ def test_config_not_json_and_missing(sanitized: tuple[Path, Path], tmp_path: Pat
     (model / "config.json").write_text('{"vocab_size": 256,')
     expect_error(sanitized[0], model, "config.json", "invalid JSON at byte")
     (model / "config.json").unlink()
-    expect_error(sanitized[0], model, "config.json", "cannot read")
+    expect_error(sanitized[0], model, "config.json", "cannot read: No such file or directory")
+    expect_error(sanitized[0], tmp_path / "absent", str(tmp_path / "absent"), "no such model folder")
+    expect_error(sanitized[0], model / "model.safetensors", "a file, not a model folder")
 
 
 def test_token_outside_the_vocabulary(sanitized: tuple[Path, Path]) -> None:
