@@ -88,6 +88,6 @@ class ReleaseError(ColiError):
 
 def os_error_line(exc: OSError) -> str:
     """The file system's refusal as one line: the path or paths, then the system's reason."""
-    paths = " -> ".join(f"{p}" for p in (exc.filename, exc.filename2) if p is not None)
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
     reason = exc.strerror or str(exc)
     return f"{paths}: {reason}" if paths else reason

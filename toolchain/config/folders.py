@@ -8,10 +8,9 @@ import subprocess
 from pathlib import Path
 
 from .load import ResolvedConfig
+from .schema import BuildSection
 
 __all__ = ["folder_problems"]
-
-_KEYS = ("build_dir", "dist_dir")
 
 
 def _tracked(root: Path, folder: Path) -> list[str]:
@@ -38,12 +37,12 @@ def folder_problems(rc: ResolvedConfig, root: Path) -> list[str]:
     holds and what to write instead."""
     problems = []
     base = root.resolve()
-    for name in _KEYS:
+    for name in ("build_dir", "dist_dir"):
         key = f"build.{name}"
         value = getattr(rc.config.build, name)
         folder = (root / value).resolve()
         where = f"{rc.origin(key)}: {key}: '{value}'"
-        instead = f"name a folder of its own (the default is '{type(rc.config.build).model_fields[name].default}')"
+        instead = f"name a folder of its own (the default is '{BuildSection.model_fields[name].default}')"
         if folder == base or base.is_relative_to(folder):
             problems.append(f"{where} is the project's folder or holds it; {instead}")
             continue
