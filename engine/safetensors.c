@@ -127,6 +127,23 @@ static int cmp_begin(const void *a, const void *b) {
     return x->data < y->data ? -1 : x->data > y->data;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp((*(st_tensor *const *)a)->name, (*(st_tensor *const *)b)->name);
+}
+
+/* f's tensor called `name` (a binary search of by_name), or NULL. */
+static const st_tensor *file_find(const st_file *f, const char *name) {
+    size_t lo = 0, hi = f->count;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(f->by_name[mid]->name, name);
+        if (c == 0) return f->by_name[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
 static int entry(st_file *f, const char *name, const json_value *v, const uint8_t *base, uint64_t data_size,
                  st_tensor *t, char *err, size_t errlen) {
     const json_value *dtype = json_get(v, "dtype"), *shape = json_get(v, "shape"), *offs = json_get(v, "data_offsets");
@@ -247,15 +264,23 @@ int st_open(const char *path, st_file *f, char *err, size_t errlen) {
             }
             continue;
         }
-        for (size_t j = 0; j < f->count; j++)
-            if (strcmp(f->tensors[j].name, hdr->keys[i]) == 0) {
-                snprintf(err, errlen, "%s: tensor '%s' is listed twice", path, hdr->keys[i]);
-                goto fail;
-            }
         if (entry(f, hdr->keys[i], &hdr->items[i], base, data_size, &f->tensors[f->count], err, errlen)) goto fail;
         f->count++;
     }
-    /* no two tensors may share bytes */
+    /* no two tensors may share a name */
+    f->by_name = malloc((f->count ? f->count : 1) * sizeof *f->by_name);
+    if (!f->by_name) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < f->count; i++) f->by_name[i] = &f->tensors[i];
+    qsort(f->by_name, f->count, sizeof *f->by_name, cmp_name);
+    for (size_t i = 1; i < f->count; i++)
+        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
+            snprintf(err, errlen, "%s: tensor '%s' is listed twice", path, f->by_name[i]->name);
+            goto fail;
+        }
+    /* nor bytes */
     st_tensor *sorted = malloc((f->count ? f->count : 1) * sizeof *sorted);
     if (!sorted) {
         snprintf(err, errlen, "out of memory");
@@ -281,6 +306,7 @@ fail:
 void st_close(st_file *f) {
     for (size_t i = 0; i < f->count; i++) free(f->tensors[i].name);
     free(f->tensors);
+    free(f->by_name);
     unmap_file(f);
     free(f->path);
     memset(f, 0, sizeof *f);
@@ -357,9 +383,7 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
             s->nfiles++;
         }
         free(path);
-        int found = 0;
-        for (size_t k = 0; k < s->files[j].count && !found; k++) found = !strcmp(s->files[j].tensors[k].name, map->keys[i]);
-        if (!found) {
+        if (!file_find(&s->files[j], map->keys[i])) {
             snprintf(err, errlen, "%s: tensor '%s' is listed for %s, which does not hold it", index_path, map->keys[i],
                      file->string);
             goto done;
@@ -381,9 +405,10 @@ void st_set_close(st_set *s) {
 }
 
 const st_tensor *st_find(const st_set *s, const char *name) {
-    for (size_t i = 0; i < s->nfiles; i++)
-        for (size_t j = 0; j < s->files[i].count; j++)
-            if (strcmp(s->files[i].tensors[j].name, name) == 0) return &s->files[i].tensors[j];
+    for (size_t i = 0; i < s->nfiles; i++) {
+        const st_tensor *t = file_find(&s->files[i], name);
+        if (t) return t;
+    }
     return NULL;
 }
 

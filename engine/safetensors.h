@@ -29,6 +29,8 @@ typedef struct st_file {
     void *handle; /* platform mapping handle */
     st_tensor *tensors;
     size_t count;
+    st_tensor **by_name; /* the tensors sorted by name: a model of tens of thousands of tensors is
+                            looked up name by name, and a scan a name would be quadratic */
 } st_file;
 
 /* A model's tensors across one file or the shards named by model.safetensors.index.json. */

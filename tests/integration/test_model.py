@@ -431,6 +431,14 @@ def test_lying_entries(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
     for patch, needles in cases:
         stio.write(st, tensors, header_patch=patch)
         expect_error(host, model, str(st), *needles)
+    # a name listed twice (JSON allows it; the reader may not): the norm's entry written again in front
+    stio.write(st, tensors)
+    data = st.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + n])
+    twice = (json.dumps({norm: header[norm]})[:-1] + "," + data[9 : 8 + n].decode()).encode()
+    st.write_bytes(struct.pack("<Q", len(twice)) + twice + data[8 + n :])
+    expect_error(host, model, str(st), f"tensor '{norm}' is listed twice")
 
 
 def test_missing_tensor_wrong_shape_unsupported_dtype(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
