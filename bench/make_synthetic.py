@@ -1,6 +1,6 @@
 """Write a synthetic glm_moe_dsa model (random weights, numpy only) for speed runs.
 
-    python3 bench/make_synthetic.py OUT_DIR [--preset large|tiny-like] [--seed N]
+    python3 bench/make_synthetic.py OUT_DIR [--preset large|many-tensors] [--seed N]
 
 'large' is the issue's larger model: hidden 2048, 16 layers, 64 experts,
 vocab 32000 (other sizes below). Weights are float32 with std 1/sqrt(fan_in),
@@ -39,6 +39,33 @@ PRESETS: dict[str, dict[str, object]] = {
         index_topk=2048,
         index_head_dim=64,
         index_n_heads=8,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    ),
+    # a wide MoE's tensor count (92 layers of 160 experts: about 46,000 tensors) at tiny
+    # sizes (18 MB), for how a load scales with the count rather than with the bytes
+    "many-tensors": dict(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=16,
+        num_hidden_layers=92,
+        first_k_dense_replace=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=160,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        index_topk=64,
+        index_head_dim=16,
+        index_n_heads=2,
         routed_scaling_factor=2.5,
         norm_topk_prob=True,
     ),
