@@ -324,6 +324,30 @@ static char *join(const char *dir, const char *name) {
     return p;
 }
 
+/* Non-zero, with a message, where a name is in two of the set's files: st_find would read
+ * whichever comes first, not necessarily the one the index names. Every name sorted once. */
+static int shards_disjoint(const st_set *s, char *err, size_t errlen) {
+    size_t n = 0;
+    for (size_t i = 0; i < s->nfiles; i++) n += s->files[i].count;
+    st_tensor **all = malloc((n ? n : 1) * sizeof *all);
+    if (!all) {
+        snprintf(err, errlen, "out of memory");
+        return 1;
+    }
+    n = 0;
+    for (size_t i = 0; i < s->nfiles; i++)
+        for (size_t k = 0; k < s->files[i].count; k++) all[n++] = s->files[i].by_name[k];
+    qsort(all, n, sizeof *all, cmp_name);
+    int rc = 0;
+    for (size_t i = 1; i < n && !rc; i++)
+        if (strcmp(all[i - 1]->name, all[i]->name) == 0) {
+            snprintf(err, errlen, "tensor '%s' is in both %s and %s", all[i]->name, all[i - 1]->file, all[i]->file);
+            rc = 1;
+        }
+    free(all);
+    return rc;
+}
+
 int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     char *index_path = join(dir, "model.safetensors.index.json");
@@ -389,6 +413,7 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
             goto done;
         }
     }
+    if (shards_disjoint(s, err, errlen)) goto done;
     rc = 0;
 done:
     json_free(idx);

@@ -42,7 +42,8 @@ typedef struct st_set {
 int st_open(const char *path, st_file *out, char *err, size_t errlen);
 void st_close(st_file *f);
 
-/* Opens DIR/model.safetensors, or every shard listed in DIR/model.safetensors.index.json. */
+/* Opens DIR/model.safetensors, or every shard listed in DIR/model.safetensors.index.json
+ * (refused where a tensor the index lists is not in its shard, or a name is in two shards). */
 int st_set_open(const char *dir, st_set *out, char *err, size_t errlen);
 void st_set_close(st_set *s);
 const st_tensor *st_find(const st_set *s, const char *name);

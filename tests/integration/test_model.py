@@ -508,6 +508,16 @@ def test_shard_index_naming_a_missing_tensor(sanitized: tuple[Path, Path], tmp_p
     expect_error(sanitized[0], model, "is not a file name in the model folder")
 
 
+def test_a_tensor_in_two_shards_is_refused(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """A name held by two shards would be read from the first, whatever the index names."""
+    model = tmp_path / "m2"
+    shutil.copytree(MODELS / "glm_tiny2", model)
+    first, second = (model / f"model-0000{i}-of-00004.safetensors" for i in (1, 2))
+    name, value = next(iter(stio.read(first).items()))
+    stio.write(second, {**stio.read(second), name: value})
+    expect_error(sanitized[0], model, f"tensor '{name}' is in both", first.name, second.name)
+
+
 def test_fuzzed_headers_never_crash(tmp_path: Path) -> None:
     need_tool("gcc")
     fuzz = tmp_path / "fuzz"
