@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from doit.tools import config_changed
 from .abi import RENDERINGS, load_abi, render_abi
 from .atomic import write_atomic
 from .build import run_command
+from .clean import DEP_FILE, clean
 from .closure import closure_problems
 from .commands import Command, backend_command, backend_inputs, host_command, host_inputs, launcher
 from .discover import Missing
@@ -51,7 +51,7 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 def doit_config(loaded: Loaded) -> dict[str, Any]:
     return {
         "default_tasks": ["build"],
-        "dep_file": str(loaded.folders[0] / ".doit.db"),
+        "dep_file": str(loaded.folders[0] / DEP_FILE),
         "backend": "sqlite3",
         "reporter": ColiReporter,
         "par_type": "thread",  # actions wait on compilers; threads share the plan safely
@@ -615,13 +615,9 @@ class _Project:
         )
 
     def task_clean_build(self) -> dict[str, Any]:
-        """Remove the build and dist directories."""
-        return _task(actions=[_guard(self._clean)], uptodate=[False])
-
-    def _clean(self) -> None:
-        for d in self.loaded.folders:
-            if d.is_dir() and d != self.root:
-                shutil.rmtree(d)
+        """Empty the build and dist directories (the task graph's state forgotten, not removed)."""
+        build = self.loaded.folders[0]
+        return _task(actions=[_guard(clean, self.loaded.folders, build / DEP_FILE)], uptodate=[False])
 
 
 def make_tasks(loaded: Loaded) -> dict[str, Callable[[], Any]]:

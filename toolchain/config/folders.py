@@ -1,5 +1,5 @@
-"""Where a build and its packages may go. `doit clean-build` removes both folders
-whole, and a build writes its own folders into them, so neither may be the
+"""Where a build and its packages may go. `doit clean-build` empties both folders
+(toolchain/clean.py), and a build writes its own folders into them, so neither may be the
 project's folder, hold it, or hold files of the project (those git tracks)."""
 
 from __future__ import annotations

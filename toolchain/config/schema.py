@@ -57,7 +57,7 @@ class BuildSection(_Section):
     build_dir: str = Field(
         "build",
         description="Where intermediate and final artifacts go, relative to the project: a folder of its own "
-        "(`doit clean-build` removes it), not the project's, one holding it or one holding files git tracks.",
+        "(`doit clean-build` empties it), not the project's, one holding it or one holding files git tracks.",
     )
     dist_dir: str = Field(
         "dist", description="Where packages go, relative to the project: a folder of its own, as build_dir."
