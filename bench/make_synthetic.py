@@ -16,35 +16,37 @@ from pathlib import Path
 
 import numpy as np
 
+LARGE: dict[str, object] = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5632,
+    moe_intermediate_size=128,
+    num_hidden_layers=16,
+    first_k_dense_replace=1,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    n_routed_experts=64,
+    num_experts_per_tok=4,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    q_lora_rank=512,
+    kv_lora_rank=256,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=32,
+    v_head_dim=64,
+    index_topk=2048,
+    index_head_dim=64,
+    index_n_heads=8,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+)
 PRESETS: dict[str, dict[str, object]] = {
-    "large": dict(
-        vocab_size=32000,
-        hidden_size=2048,
-        intermediate_size=5632,
-        moe_intermediate_size=128,
-        num_hidden_layers=16,
-        first_k_dense_replace=1,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        n_routed_experts=64,
-        num_experts_per_tok=4,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        q_lora_rank=512,
-        kv_lora_rank=256,
-        qk_nope_head_dim=64,
-        qk_rope_head_dim=32,
-        v_head_dim=64,
-        index_topk=2048,
-        index_head_dim=64,
-        index_n_heads=8,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-    ),
+    "large": LARGE,
     # a wide MoE's tensor count (92 layers of 160 experts: about 46,000 tensors) at tiny
-    # sizes (18 MB), for how a load scales with the count rather than with the bytes
+    # sizes (0.19 GB), for how a load scales with the count rather than with the bytes
     "many-tensors": dict(
+        LARGE,
         vocab_size=1024,
         hidden_size=64,
         intermediate_size=128,
@@ -55,9 +57,6 @@ PRESETS: dict[str, dict[str, object]] = {
         num_key_value_heads=4,
         n_routed_experts=160,
         num_experts_per_tok=8,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
         q_lora_rank=32,
         kv_lora_rank=32,
         qk_nope_head_dim=16,
@@ -66,8 +65,6 @@ PRESETS: dict[str, dict[str, object]] = {
         index_topk=64,
         index_head_dim=16,
         index_n_heads=2,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
     ),
 }
 
