@@ -164,21 +164,27 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
                  L->config_path);
         return 1;
     }
-    const json_value *rope = json_get(cfg, "rope_parameters");
-    c->rope_theta = 10000.0;
+    /* RoPE as transformers reads it: the older rope_scaling first where it is set (its
+     * type then named "type" or "rope_type"), else rope_parameters; rope_theta from
+     * there, else the top level's. A scaling this engine does not compute (yarn, linear,
+     * ...) is refused, not run with the default frequencies. */
+    const char *rope_key = "rope_scaling";
+    const json_value *rope = json_get(cfg, rope_key);
+    if (!rope || rope->type == JSON_NULL) rope_key = "rope_parameters", rope = json_get(cfg, rope_key);
+    if (rope && rope->type != JSON_NULL && rope->type != JSON_OBJECT) {
+        snprintf(L->err, L->errlen, "%s: %s must be an object", L->config_path, rope_key);
+        return 1;
+    }
+    if (cfg_num(L, cfg, "rope_theta", 10000.0, &c->rope_theta)) return 1;
     if (rope && rope->type == JSON_OBJECT) {
-        const json_value *type = json_get(rope, "rope_type");
-        if (type && !(type->type == JSON_STRING && strcmp(type->string, "default") == 0)) {
-            snprintf(L->err, L->errlen, "%s: rope_parameters.rope_type %s is not supported (supported: default)",
-                     L->config_path, type->type == JSON_STRING ? type->string : "of the wrong type");
+        const char *type_key = json_get(rope, "rope_type") ? "rope_type" : "type";
+        const json_value *type = json_get(rope, type_key);
+        if (type && type->type != JSON_NULL && !(type->type == JSON_STRING && strcmp(type->string, "default") == 0)) {
+            snprintf(L->err, L->errlen, "%s: %s.%s %s is not supported (supported: default)", L->config_path,
+                     rope_key, type_key, type->type == JSON_STRING ? type->string : "of the wrong type");
             return 1;
         }
-        if (cfg_num(L, rope, "rope_theta", 10000.0, &c->rope_theta)) return 1;
-    } else if (rope && rope->type != JSON_NULL) {
-        snprintf(L->err, L->errlen, "%s: rope_parameters must be an object", L->config_path);
-        return 1;
-    } else if (cfg_num(L, cfg, "rope_theta", 10000.0, &c->rope_theta)) {
-        return 1;
+        if (cfg_num(L, rope, "rope_theta", c->rope_theta, &c->rope_theta)) return 1;
     }
     c->mlp_sparse = malloc((size_t)c->layers);
     c->indexer_full = malloc((size_t)c->layers);

@@ -469,6 +469,9 @@ def test_missing_tensor_wrong_shape_unsupported_dtype(sanitized: tuple[Path, Pat
         ("model_type", "llama", "model_type 'llama' is not supported (supported: glm_moe_dsa)"),
         ("norm_topk_prob", "yes", "key 'norm_topk_prob' must be true or false"),
         ("rope_parameters", {"rope_type": "yarn"}, "rope_type yarn is not supported"),
+        # transformers' older name, read before rope_parameters: a scaling there is not left out
+        ("rope_scaling", {"type": "yarn", "factor": 4.0}, "rope_scaling.type yarn is not supported"),
+        ("rope_scaling", "linear", "rope_scaling must be an object"),
         ("mlp_layer_types", ["dense"], "key 'mlp_layer_types' must be a list of 5 strings"),
         ("kv_lora_rank", None, "key 'kv_lora_rank' is missing"),
     ],
@@ -482,6 +485,25 @@ def test_bad_config_values(sanitized: tuple[Path, Path], tmp_path: Path, key: st
         cfg[key] = value
     (model / "config.json").write_text(json.dumps(cfg))
     expect_error(sanitized[0], model, str(model / "config.json"), needle)
+
+
+def test_rope_is_read_as_transformers_reads_it(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """The older rope_scaling (its type named "type"), read before rope_parameters, and a
+    top-level rope_theta where rope_parameters has none give the same frequencies as
+    rope_parameters itself; another theta gives others (each position's top-2 margin)."""
+    host = sanitized[0]
+
+    def run(model: Path) -> tuple[object, object]:
+        d = run_json(host, "--model", str(model), "--ids", "5,17,42,7,9,11,3,250", "--teacher-force")
+        return d["tf_pred"], d["top2_margin"]
+
+    base, slower = run(TINY), {"rope_type": "default", "rope_theta": 5000.0}
+    scaling = tiny_with(tmp_path / "a", rope_parameters=None, rope_scaling={"type": "default", "rope_theta": 10000.0})
+    assert run(scaling) == base
+    other = run(tiny_with(tmp_path / "c", rope_parameters=slower))
+    assert other != base
+    assert run(tiny_with(tmp_path / "b", rope_parameters={"rope_type": "default"}, rope_theta=5000.0)) == other
+    assert run(tiny_with(tmp_path / "d", rope_parameters={"rope_type": "default"}, rope_scaling=slower)) == other
 
 
 def test_config_not_json_and_missing(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
