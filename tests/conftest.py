@@ -144,6 +144,16 @@ def compile_ok(argv: list[str], cwd: Path | None = None) -> None:
     assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stderr}"
 
 
+def terminal_lines(stderr: str) -> list[str]:
+    """What a terminal shows after each carriage return's segment of a progress line: the
+    segment overwrites from the line's start and leaves the characters past its end."""
+    shown, screen = [], ""
+    for segment in stderr.split("\r")[1:]:
+        screen = segment + screen[len(segment) :]
+        shown.append(screen.rstrip())
+    return shown
+
+
 def refusal_line(exe: Path, args: list[str]) -> str:
     """The one line a bench probe refuses bad settings with (exit 2, nothing on stdout)."""
     proc = subprocess.run([str(exe), *args], capture_output=True, text=True)

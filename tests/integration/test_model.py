@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 
 from tests import safetensors_io as stio
-from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool, run_host
+from tests.conftest import ROOT, SANITIZE, compile_ok, need_tool, run_host, terminal_lines
 
 pytestmark = pytest.mark.slow
 
@@ -366,12 +366,8 @@ def test_progress_line(sanitized: tuple[Path, Path]) -> None:
         assert re.fullmatch(rf"coli: decode: {k} of 5 tokens, [\d.]+ tokens/s", line.rstrip()), lines
     assert len(lines) == layers + 4 + 3  # the split's empty head, the layers, 4 decoded tokens, the blank, its tail
     assert lines[-2].strip() == "" and lines[-1] == ""  # the last line blanked out, the cursor at its start
-    # drawn on a terminal, each line shows its own text alone: it is padded over whatever the
-    # lines before left visible (a faster token rate may be a digit shorter)
-    screen = ""
-    for line in lines[1:]:
-        screen = line + screen[len(line) :]
-        assert screen.rstrip() == line.rstrip(), lines
+    # on a terminal each line shows its own text alone (a faster rate may be a digit shorter)
+    assert terminal_lines(stderr) == [line.rstrip() for line in lines[1:-2]] + ["", ""], lines
 
 
 # ---- bad input ------------------------------------------------------------
@@ -498,12 +494,12 @@ def test_rope_is_read_as_transformers_reads_it(sanitized: tuple[Path, Path], tmp
         return d["tf_pred"], d["top2_margin"]
 
     base, slower = run(TINY), {"rope_type": "default", "rope_theta": 5000.0}
-    scaling = tiny_with(tmp_path / "a", rope_parameters=None, rope_scaling={"type": "default", "rope_theta": 10000.0})
-    assert run(scaling) == base
-    other = run(tiny_with(tmp_path / "c", rope_parameters=slower))
+    legacy = tiny_with(tmp_path / "legacy", rope_parameters=None, rope_scaling={"type": "default", "rope_theta": 1e4})
+    assert run(legacy) == base
+    other = run(tiny_with(tmp_path / "other", rope_parameters=slower))
     assert other != base
-    assert run(tiny_with(tmp_path / "b", rope_parameters={"rope_type": "default"}, rope_theta=5000.0)) == other
-    assert run(tiny_with(tmp_path / "d", rope_parameters={"rope_type": "default"}, rope_scaling=slower)) == other
+    assert run(tiny_with(tmp_path / "top", rope_parameters={"rope_type": "default"}, rope_theta=5000.0)) == other
+    assert run(tiny_with(tmp_path / "both", rope_parameters={"rope_type": "default"}, rope_scaling=slower)) == other
 
 
 def test_config_not_json_and_missing(sanitized: tuple[Path, Path], tmp_path: Path) -> None:

@@ -8,17 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT, SANITIZE, compile_ok
-
-
-def screens(stderr: str) -> list[str]:
-    """What a terminal shows after each carriage return's segment: it overwrites from
-    the line's start and leaves the characters past its end."""
-    shown, screen = [], ""
-    for segment in stderr.split("\r")[1:]:
-        screen = segment + screen[len(segment) :]
-        shown.append(screen.rstrip())
-    return shown
+from tests.conftest import ROOT, SANITIZE, compile_ok, terminal_lines
 
 
 def test_each_line_shows_alone_and_the_last_is_cleared(tmp_path: Path) -> None:
@@ -26,7 +16,7 @@ def test_each_line_shows_alone_and_the_last_is_cleared(tmp_path: Path) -> None:
     sources = [str(ROOT / "tests/c/progress_check.c"), str(ROOT / "engine/progress.c"), str(ROOT / "engine/clock.c")]
     compile_ok(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", *SANITIZE, f"-I{ROOT / 'engine'}", *sources,
                 "-o", str(exe)])  # fmt: skip
-    # longer, then shorter twice running (the case a pad to the last text alone misses), then longer
+    # longer, then shorter twice running (what a line drawn without padding would leave behind), then longer
     lines = [
         "decode: 9 of 20 tokens, 1000.5 tokens/s",
         "decode: 10 of 20, 99.5/s",
@@ -38,6 +28,6 @@ def test_each_line_shows_alone_and_the_last_is_cleared(tmp_path: Path) -> None:
     proc = subprocess.run([str(exe), *lines], capture_output=True, env=env, timeout=60)
     stderr = proc.stderr.decode()
     assert proc.returncode == 0 and proc.stdout == b"" and "\n" not in stderr, stderr
-    assert screens(stderr) == [*lines, "", ""]  # each line alone, then blanked, the cursor at its start
+    assert terminal_lines(stderr) == [*lines, "", ""]  # each line alone, then blanked, the cursor at its start
     quiet = subprocess.run([str(exe), *lines], capture_output=True, env={**env, "COLI_PROGRESS": "0"}, timeout=60)
     assert quiet.returncode == 0 and quiet.stderr == b""
