@@ -164,13 +164,15 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
                  L->config_path);
         return 1;
     }
-    /* RoPE as transformers reads it: the older rope_scaling first where it is set (its
-     * type then named "type" or "rope_type"), else rope_parameters; rope_theta from
-     * there, else the top level's. A scaling this engine does not compute (yarn, linear,
-     * ...) is refused, not run with the default frequencies. */
+    /* RoPE as transformers reads it: the older rope_scaling first where it is set (null
+     * or an empty object is not: Python's `rope_scaling or rope_parameters`; its type then
+     * named "type" or "rope_type"), else rope_parameters; rope_theta from there, else the
+     * top level's. A scaling this engine does not compute (yarn, linear, ...) is refused,
+     * not run with the default frequencies. */
     const char *rope_key = "rope_scaling";
     const json_value *rope = json_get(cfg, rope_key);
-    if (!rope || rope->type == JSON_NULL) rope_key = "rope_parameters", rope = json_get(cfg, rope_key);
+    if (!rope || rope->type == JSON_NULL || (rope->type == JSON_OBJECT && rope->count == 0))
+        rope_key = "rope_parameters", rope = json_get(cfg, rope_key);
     if (rope && rope->type != JSON_NULL && rope->type != JSON_OBJECT) {
         snprintf(L->err, L->errlen, "%s: %s must be an object", L->config_path, rope_key);
         return 1;

@@ -500,6 +500,7 @@ def test_rope_is_read_as_transformers_reads_it(sanitized: tuple[Path, Path], tmp
     assert other != base
     assert run(tiny_with(tmp_path / "top", rope_parameters={"rope_type": "default"}, rope_theta=5000.0)) == other
     assert run(tiny_with(tmp_path / "both", rope_parameters={"rope_type": "default"}, rope_scaling=slower)) == other
+    assert run(tiny_with(tmp_path / "empty", rope_parameters=slower, rope_scaling={})) == other  # {} is not set
 
 
 def test_config_not_json_and_missing(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
