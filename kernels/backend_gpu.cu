@@ -7,9 +7,9 @@
 #include "gpu_compat.h"
 #include "backend_common.h"
 
-static coli_table g_tensors = {COLI_GPU_TAG, "tensor", NULL, 0, 0, 0};
-static coli_table g_buffers = {COLI_GPU_TAG + 1, "buffer", NULL, 0, 0, 0};
-static coli_table g_steps = {COLI_GPU_TAG + 2, "step", NULL, 0, 0, 0};
+static coli_table g_tensors = {COLI_GPU_TAG, "tensor", NULL, 0, 0, 0, 0};
+static coli_table g_buffers = {COLI_GPU_TAG + 1, "buffer", NULL, 0, 0, 0, 0};
+static coli_table g_steps = {COLI_GPU_TAG + 2, "step", NULL, 0, 0, 0, 0};
 static int g_ready = 0;
 static float *g_x = NULL, *g_y = NULL, *g_planes = NULL; /* device scratch for activations */
 static size_t g_x_cap = 0, g_y_cap = 0, g_planes_cap = 0;

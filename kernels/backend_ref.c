@@ -8,9 +8,9 @@
 
 #define REF_TAG 0x5246 /* "RF" */
 
-static coli_table g_tensors = {REF_TAG, "tensor", NULL, 0, 0, 0};
-static coli_table g_buffers = {REF_TAG + 1, "buffer", NULL, 0, 0, 0};
-static coli_table g_steps = {REF_TAG + 2, "step", NULL, 0, 0, 0};
+static coli_table g_tensors = {REF_TAG, "tensor", NULL, 0, 0, 0, 0};
+static coli_table g_buffers = {REF_TAG + 1, "buffer", NULL, 0, 0, 0, 0};
+static coli_table g_steps = {REF_TAG + 2, "step", NULL, 0, 0, 0, 0};
 static int g_ready;
 static int32_t g_threads = 1;
 
