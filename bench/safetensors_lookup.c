@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         const double opened = now() - t0;
-        st_set set = {&file, 1};
+        st_set set = {.files = &file, .nfiles = 1};
         t0 = now();
         long found = 0;
         for (long i = 0; i < n; i++) {

@@ -131,18 +131,20 @@ static int cmp_name(const void *a, const void *b) {
     return strcmp((*(st_tensor *const *)a)->name, (*(st_tensor *const *)b)->name);
 }
 
-/* f's tensor called `name` (a binary search of by_name), or NULL. */
-static const st_tensor *file_find(const st_file *f, const char *name) {
-    size_t lo = 0, hi = f->count;
+/* The tensor called `name` among `count` sorted by name (a binary search), or NULL. */
+static const st_tensor *sorted_find(st_tensor *const *by_name, size_t count, const char *name) {
+    size_t lo = 0, hi = count;
     while (lo < hi) {
         const size_t mid = lo + (hi - lo) / 2;
-        const int c = strcmp(f->by_name[mid]->name, name);
-        if (c == 0) return f->by_name[mid];
+        const int c = strcmp(by_name[mid]->name, name);
+        if (c == 0) return by_name[mid];
         if (c < 0) lo = mid + 1;
         else hi = mid;
     }
     return NULL;
 }
+
+static const st_tensor *file_find(const st_file *f, const char *name) { return sorted_find(f->by_name, f->count, name); }
 
 static int entry(st_file *f, const char *name, const json_value *v, const uint8_t *base, uint64_t data_size,
                  st_tensor *t, char *err, size_t errlen) {
@@ -324,9 +326,9 @@ static char *join(const char *dir, const char *name) {
     return p;
 }
 
-/* Non-zero, with a message, where a name is in two of the set's files: st_find would read
- * whichever comes first, not necessarily the one the index names. Every name sorted once. */
-static int shards_disjoint(const st_set *s, char *err, size_t errlen) {
+/* Every shard's names sorted together into s->by_name, for st_find's one search; non-zero,
+ * with a message, where a name is in two of the set's files (which would st_find read?). */
+static int set_index(st_set *s, char *err, size_t errlen) {
     size_t n = 0;
     for (size_t i = 0; i < s->nfiles; i++) n += s->files[i].count;
     st_tensor **all = malloc((n ? n : 1) * sizeof *all);
@@ -338,14 +340,24 @@ static int shards_disjoint(const st_set *s, char *err, size_t errlen) {
     for (size_t i = 0; i < s->nfiles; i++)
         for (size_t k = 0; k < s->files[i].count; k++) all[n++] = s->files[i].by_name[k];
     qsort(all, n, sizeof *all, cmp_name);
-    int rc = 0;
-    for (size_t i = 1; i < n && !rc; i++)
+    for (size_t i = 1; i < n; i++)
         if (strcmp(all[i - 1]->name, all[i]->name) == 0) {
             snprintf(err, errlen, "tensor '%s' is in both %s and %s", all[i]->name, all[i - 1]->file, all[i]->file);
-            rc = 1;
+            free(all);
+            return 1;
         }
-    free(all);
-    return rc;
+    s->by_name = all;
+    s->count = n;
+    return 0;
+}
+
+/* A weight_map entry: a tensor's name and the shard the index names for it. */
+typedef struct map_entry {
+    const char *name, *file;
+} map_entry;
+
+static int cmp_entry_file(const void *a, const void *b) {
+    return strcmp(((const map_entry *)a)->file, ((const map_entry *)b)->file);
 }
 
 int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
@@ -368,6 +380,7 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
         return 0;
     }
     json_value *idx = NULL;
+    map_entry *entries = NULL;
     char jerr[256];
     int rc = 1;
     if (json_parse(text, len, &idx, jerr, sizeof jerr)) {
@@ -380,7 +393,8 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
         goto done;
     }
     s->files = calloc(map->count ? map->count : 1, sizeof *s->files);
-    if (!s->files) {
+    entries = malloc((map->count ? map->count : 1) * sizeof *entries);
+    if (!s->files || !entries) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -392,30 +406,34 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
                      map->keys[i]);
             goto done;
         }
-        size_t j = 0;
-        char *path = join(dir, file->string);
-        if (!path) {
-            snprintf(err, errlen, "out of memory");
-            goto done;
-        }
-        while (j < s->nfiles && strcmp(s->files[j].path, path) != 0) j++;
-        if (j == s->nfiles) {
-            if (st_open(path, &s->files[j], err, errlen)) {
-                free(path);
+        entries[i] = (map_entry){map->keys[i], file->string};
+    }
+    /* the entries grouped by shard, so each shard is opened once and no entry looks
+     * through the shards opened before it (a large model has tens of thousands of
+     * entries over a hundred or more shards) */
+    qsort(entries, map->count, sizeof *entries, cmp_entry_file);
+    for (size_t i = 0; i < map->count; i++) {
+        if (i == 0 || strcmp(entries[i].file, entries[i - 1].file) != 0) {
+            char *path = join(dir, entries[i].file);
+            if (!path) {
+                snprintf(err, errlen, "out of memory");
                 goto done;
             }
+            const int failed = st_open(path, &s->files[s->nfiles], err, errlen);
+            free(path);
+            if (failed) goto done;
             s->nfiles++;
         }
-        free(path);
-        if (!file_find(&s->files[j], map->keys[i])) {
-            snprintf(err, errlen, "%s: tensor '%s' is listed for %s, which does not hold it", index_path, map->keys[i],
-                     file->string);
+        if (!file_find(&s->files[s->nfiles - 1], entries[i].name)) {
+            snprintf(err, errlen, "%s: tensor '%s' is listed for %s, which does not hold it", index_path,
+                     entries[i].name, entries[i].file);
             goto done;
         }
     }
-    if (shards_disjoint(s, err, errlen)) goto done;
+    if (set_index(s, err, errlen)) goto done;
     rc = 0;
 done:
+    free(entries);
     json_free(idx);
     free(text);
     free(index_path);
@@ -426,15 +444,13 @@ done:
 void st_set_close(st_set *s) {
     for (size_t i = 0; i < s->nfiles; i++) st_close(&s->files[i]);
     free(s->files);
+    free(s->by_name);
     memset(s, 0, sizeof *s);
 }
 
 const st_tensor *st_find(const st_set *s, const char *name) {
-    for (size_t i = 0; i < s->nfiles; i++) {
-        const st_tensor *t = file_find(&s->files[i], name);
-        if (t) return t;
-    }
-    return NULL;
+    if (s->nfiles == 1) return file_find(&s->files[0], name);
+    return sorted_find(s->by_name, s->count, name);
 }
 
 void st_release(const st_tensor *t) {

@@ -37,6 +37,8 @@ typedef struct st_file {
 typedef struct st_set {
     st_file *files;
     size_t nfiles;
+    st_tensor **by_name; /* every shard's tensors sorted by name, where there are shards */
+    size_t count;
 } st_set;
 
 int st_open(const char *path, st_file *out, char *err, size_t errlen);

@@ -541,6 +541,30 @@ def test_a_tensor_in_two_shards_is_refused(sanitized: tuple[Path, Path], tmp_pat
     expect_error(sanitized[0], model, f"tensor '{name}' is in both", first.name, second.name)
 
 
+def test_a_model_in_a_shard_a_tensor_reads_as_its_four_shards(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
+    """Each shard opened once however the index orders its entries, and every name found
+    among all the shards' at once: glm_tiny2 written one tensor a file, the index's
+    entries in reverse, gives the stored model's predictions and margins."""
+    stored = MODELS / "glm_tiny2"
+    model = tmp_path / "one a file"
+    model.mkdir()
+    shutil.copy(stored / "config.json", model / "config.json")
+    tensors = {k: v for f in sorted(stored.glob("model-*.safetensors")) for k, v in stio.read(f).items()}
+    weight_map = {}
+    for i, (name, value) in enumerate(sorted(tensors.items(), reverse=True)):  # the files against the names' order
+        weight_map[name] = f"t{i:04d}.safetensors"
+        stio.write(model / weight_map[name], {name: value})
+    index = {"metadata": {}, "weight_map": dict(reversed(list(weight_map.items())))}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert len(weight_map) > 50
+
+    def run(folder: Path) -> tuple[object, object]:
+        d = run_json(sanitized[0], "--model", str(folder), "--ids", "5,17,42,7,9,11,3,250", "--teacher-force")
+        return d["tf_pred"], d["top2_margin"]
+
+    assert run(model) == run(stored)
+
+
 def test_fuzzed_headers_never_crash(tmp_path: Path) -> None:
     need_tool("gcc")
     fuzz = tmp_path / "fuzz"
