@@ -1,10 +1,11 @@
 """Write a synthetic glm_moe_dsa model (random weights, numpy only) for speed runs.
 
-    python3 bench/make_synthetic.py OUT_DIR [--preset large|many-tensors] [--seed N]
+    python3 bench/make_synthetic.py OUT_DIR [--preset large|many-tensors] [--seed N] [--shards N]
 
 'large' is the issue's larger model: hidden 2048, 16 layers, 64 experts,
 vocab 32000 (other sizes below). Weights are float32 with std 1/sqrt(fan_in),
-streamed to model.safetensors one tensor at a time.
+streamed to model.safetensors one tensor at a time (or to N shards and their index,
+the same tensors: the same seed gives the same model either way).
 """
 
 from __future__ import annotations
@@ -110,21 +111,8 @@ def shapes(c: dict[str, int]) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--preset", default="large", choices=sorted(PRESETS))
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    cfg = dict(PRESETS[args.preset])
-    cfg.update(
-        model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"], hidden_act="silu", rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        attention_bias=False, dtype="float32", max_position_embeddings=4096,
-    )  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    layout = shapes(cfg)  # type: ignore[arg-type]
+def write_tensors(path: Path, layout: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> int:
+    """One safetensors file of `layout`'s tensors in order; their bytes."""
     header: dict[str, object] = {}
     offset = 0
     for name, shape in layout:
@@ -133,8 +121,7 @@ def main() -> None:
         offset += n
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    rng = np.random.default_rng(args.seed)
-    with (args.out / "model.safetensors").open("wb") as f:
+    with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name, shape in layout:
             if len(shape) == 1:
@@ -145,7 +132,46 @@ def main() -> None:
             else:
                 t = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
             f.write(t.tobytes())
-    print(f"{args.out}: {offset / 1e9:.2f} GB of float32 weights, {offset // 4 / 1e6:.0f}M parameters")
+    return offset
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--preset", default="large", choices=sorted(PRESETS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shards", type=int, default=1, help="files, as save_pretrained writes them: the tensors in "
+                    "order cut into runs of about equal bytes, and an index of their names sorted")  # fmt: skip
+    args = ap.parse_args()
+    if args.shards < 1:
+        ap.error(f"--shards must be at least 1: {args.shards}")
+    cfg = dict(PRESETS[args.preset])
+    cfg.update(
+        model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"], hidden_act="silu", rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        attention_bias=False, dtype="float32", max_position_embeddings=4096,
+    )  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    layout = shapes(cfg)  # type: ignore[arg-type]
+    rng = np.random.default_rng(args.seed)
+    if args.shards == 1:
+        total = write_tensors(args.out / "model.safetensors", layout, rng)
+    else:
+        sizes = [int(np.prod(shape)) * 4 for _, shape in layout]
+        ends = np.cumsum(sizes)
+        cut = np.searchsorted(ends, ends[-1] * np.arange(1, args.shards) / args.shards)
+        runs = np.split(np.arange(len(layout)), cut)
+        weight_map: dict[str, str] = {}
+        total = 0
+        for k, run in enumerate(runs):
+            name = f"model-{k + 1:05d}-of-{args.shards:05d}.safetensors"
+            part = [layout[i] for i in run]
+            total += write_tensors(args.out / name, part, rng)
+            weight_map.update((t, name) for t, _ in part)
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (args.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    print(f"{args.out}: {total / 1e9:.2f} GB of float32 weights, {total // 4 / 1e6:.0f}M parameters")
 
 
 if __name__ == "__main__":
