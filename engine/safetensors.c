@@ -392,8 +392,12 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: no weight_map object", index_path);
         goto done;
     }
-    s->files = calloc(map->count ? map->count : 1, sizeof *s->files);
-    entries = malloc((map->count ? map->count : 1) * sizeof *entries);
+    if (map->count == 0) { /* no shard to read, nor to name in a message */
+        snprintf(err, errlen, "%s: weight_map lists no tensors", index_path);
+        goto done;
+    }
+    s->files = calloc(map->count, sizeof *s->files);
+    entries = malloc(map->count * sizeof *entries);
     if (!s->files || !entries) {
         snprintf(err, errlen, "out of memory");
         goto done;

@@ -529,6 +529,8 @@ def test_shard_index_naming_a_missing_tensor(sanitized: tuple[Path, Path], tmp_p
     index["weight_map"]["model.extra.weight"] = "../../etc/passwd"
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     expect_error(sanitized[0], model, "is not a file name in the model folder")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    expect_error(sanitized[0], model, "model.safetensors.index.json: weight_map lists no tensors")
 
 
 def test_a_tensor_in_two_shards_is_refused(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
