@@ -210,7 +210,7 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
 static const st_tensor *need(loader_ctx *L, const char *name, int64_t d0, int64_t d1) {
     const st_tensor *t = st_find(&L->m->st, name);
     if (!t) {
-        snprintf(L->err, L->errlen, "%s: tensor '%s' is missing", L->m->st.files[0].path, name);
+        snprintf(L->err, L->errlen, "%s: tensor '%s' is missing", st_set_source(&L->m->st), name);
         return NULL;
     }
     int ndim = d1 ? 2 : 1;
@@ -479,7 +479,7 @@ static int load_layer(loader_ctx *L, int64_t i) {
         if (!gu || !dn || gu->ndim != 3 || dn->ndim != 3 || gu->shape[0] != c->experts || gu->shape[1] != 2 * I ||
             gu->shape[2] != c->hidden || dn->shape[0] != c->experts || dn->shape[1] != c->hidden || dn->shape[2] != I) {
             snprintf(L->err, L->errlen, "%s: tensor '%smlp.experts.0.gate_proj.weight' is missing (nor are fused "
-                     "experts of shape [%lld, %lld, %lld] there)", m->st.files[0].path, p, (long long)c->experts,
+                     "experts of shape [%lld, %lld, %lld] there)", st_set_source(&m->st), p, (long long)c->experts,
                      (long long)(2 * I), (long long)c->hidden);
             return 1;
         }

@@ -144,7 +144,9 @@ static const st_tensor *sorted_find(st_tensor *const *by_name, size_t count, con
     return NULL;
 }
 
-static const st_tensor *file_find(const st_file *f, const char *name) { return sorted_find(f->by_name, f->count, name); }
+static const st_tensor *file_find(const st_file *f, const char *name) {
+    return sorted_find(f->by_name, f->count, name);
+}
 
 static int entry(st_file *f, const char *name, const json_value *v, const uint8_t *base, uint64_t data_size,
                  st_tensor *t, char *err, size_t errlen) {
@@ -435,6 +437,8 @@ int st_set_open(const char *dir, st_set *s, char *err, size_t errlen) {
         }
     }
     if (set_index(s, err, errlen)) goto done;
+    s->index_path = index_path;
+    index_path = NULL;
     rc = 0;
 done:
     free(entries);
@@ -449,8 +453,11 @@ void st_set_close(st_set *s) {
     for (size_t i = 0; i < s->nfiles; i++) st_close(&s->files[i]);
     free(s->files);
     free(s->by_name);
+    free(s->index_path);
     memset(s, 0, sizeof *s);
 }
+
+const char *st_set_source(const st_set *s) { return s->index_path ? s->index_path : s->files[0].path; }
 
 const st_tensor *st_find(const st_set *s, const char *name) {
     if (s->nfiles == 1) return file_find(&s->files[0], name);

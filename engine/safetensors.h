@@ -39,6 +39,7 @@ typedef struct st_set {
     size_t nfiles;
     st_tensor **by_name; /* every shard's tensors sorted by name, where there are shards */
     size_t count;
+    char *index_path;    /* model.safetensors.index.json, where there are shards */
 } st_set;
 
 int st_open(const char *path, st_file *out, char *err, size_t errlen);
@@ -49,6 +50,8 @@ void st_close(st_file *f);
 int st_set_open(const char *dir, st_set *out, char *err, size_t errlen);
 void st_set_close(st_set *s);
 const st_tensor *st_find(const st_set *s, const char *name);
+/* Where the set's names come from, for a message: the one file, or the shards' index. */
+const char *st_set_source(const st_set *s);
 
 const char *st_dtype_name(st_dtype d);
 

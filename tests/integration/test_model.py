@@ -533,6 +533,19 @@ def test_shard_index_naming_a_missing_tensor(sanitized: tuple[Path, Path], tmp_p
     expect_error(sanitized[0], model, "model.safetensors.index.json: weight_map lists no tensors")
 
 
+def test_a_tensor_missing_from_the_shards_is_named_with_their_index(
+    sanitized: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The message names the index, which lists the shards, not one shard of them."""
+    model = tmp_path / "m2"
+    shutil.copytree(MODELS / "glm_tiny2", model)
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shard = model / index["weight_map"].pop("model.norm.weight")
+    stio.write(shard, {k: v for k, v in stio.read(shard).items() if k != "model.norm.weight"})
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    expect_error(sanitized[0], model, "model.safetensors.index.json: tensor 'model.norm.weight' is missing")
+
+
 def test_a_tensor_in_two_shards_is_refused(sanitized: tuple[Path, Path], tmp_path: Path) -> None:
     """A name held by two shards would be read from the first, whatever the index names."""
     model = tmp_path / "m2"
