@@ -14,6 +14,7 @@
 #if defined(_WIN32)
 #include <windows.h>
 #else
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -84,7 +85,7 @@ static int map_file(st_file *f, char *err, size_t errlen) {
     int fd = open(f->path, O_RDONLY);
     struct stat st;
     if (fd < 0) {
-        snprintf(err, errlen, "%s: cannot open", f->path);
+        snprintf(err, errlen, "%s: cannot open: %s", f->path, strerror(errno));
         return 1;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -99,12 +100,13 @@ static int map_file(st_file *f, char *err, size_t errlen) {
         return 1;
     }
     f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
     if (f->map == MAP_FAILED) {
         f->map = NULL;
-        snprintf(err, errlen, "%s: cannot map", f->path);
+        snprintf(err, errlen, "%s: cannot map: %s", f->path, strerror(errno));
+        close(fd);
         return 1;
     }
+    close(fd);
     return 0;
 #endif
 }

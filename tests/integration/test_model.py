@@ -531,6 +531,9 @@ def test_shard_index_naming_a_missing_tensor(sanitized: tuple[Path, Path], tmp_p
     expect_error(sanitized[0], model, "is not a file name in the model folder")
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
     expect_error(sanitized[0], model, "model.safetensors.index.json: weight_map lists no tensors")
+    index["weight_map"]["model.extra.weight"] = "absent.safetensors"
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    expect_error(sanitized[0], model, "absent.safetensors: cannot open: No such file or directory")
 
 
 def test_a_tensor_missing_from_the_shards_is_named_with_their_index(
