@@ -61,6 +61,17 @@ static int cfg_num(loader_ctx *L, const json_value *obj, const char *key, double
     return 0;
 }
 
+/* cfg_num of a value that must be finite and above 0 (a norm's epsilon, RoPE's base, a
+ * scale): a negative epsilon or base gives NaN at every position, not an error. */
+static int cfg_positive(loader_ctx *L, const json_value *obj, const char *key, double dflt, double *out) {
+    if (cfg_num(L, obj, key, dflt, out)) return 1;
+    if (!(*out > 0.0) || !isfinite(*out)) {
+        snprintf(L->err, L->errlen, "%s: key '%s' is %g, must be a finite number above 0", L->config_path, key, *out);
+        return 1;
+    }
+    return 0;
+}
+
 static int cfg_bool(loader_ctx *L, const json_value *cfg, const char *key, int dflt, int *out) {
     const json_value *v = json_get(cfg, key);
     if (!v || v->type == JSON_NULL) {
@@ -74,6 +85,29 @@ static int cfg_bool(loader_ctx *L, const json_value *cfg, const char *key, int d
     }
     *out = v->boolean;
     return 0;
+}
+
+/* The config key whose value the router cannot pick by, with why, or NULL. */
+static const char *route_fault(const model_config *c, char *why, size_t n) {
+    const long long E = (long long)c->experts, G = (long long)c->n_group, T = (long long)c->topk_group;
+    const long long K = (long long)c->experts_per_tok;
+    if (E > 1024) {
+        snprintf(why, n, "is %lld, at most 1024", E);
+        return "n_routed_experts";
+    }
+    if (E % G || E / G < 2) {
+        snprintf(why, n, "%lld must split into n_group %lld groups of 2 or more", E, G);
+        return "n_routed_experts";
+    }
+    if (T > G) {
+        snprintf(why, n, "%lld is more than n_group %lld", T, G);
+        return "topk_group";
+    }
+    if (K > T * (E / G)) {
+        snprintf(why, n, "%lld is more than the %lld experts of topk_group %lld", K, T * (E / G), T);
+        return "num_experts_per_tok";
+    }
+    return NULL;
 }
 
 /* A per-layer list of two words; absent: filled by `dflt(i)`. */
@@ -143,8 +177,8 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
         cfg_bool(L, cfg, "norm_topk_prob", 1, &c->norm_topk_prob) ||
         cfg_bool(L, cfg, "tie_word_embeddings", 0, &c->tie_embeddings) ||
         cfg_bool(L, cfg, "attention_bias", 0, &c->attention_bias) ||
-        cfg_num(L, cfg, "rms_norm_eps", 1e-5, &c->rms_eps) ||
-        cfg_num(L, cfg, "routed_scaling_factor", 2.5, &c->routed_scaling))
+        cfg_positive(L, cfg, "rms_norm_eps", 1e-5, &c->rms_eps) ||
+        cfg_positive(L, cfg, "routed_scaling_factor", 2.5, &c->routed_scaling))
         return 1;
     if (kv_heads != c->heads) {
         snprintf(L->err, L->errlen, "%s: num_key_value_heads %lld must equal num_attention_heads %lld (MLA)",
@@ -156,12 +190,10 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
                  L->config_path);
         return 1;
     }
-    if (c->experts > 1024 || c->experts % c->n_group || c->experts / c->n_group < 2 || c->topk_group > c->n_group ||
-        c->experts_per_tok > c->topk_group * (c->experts / c->n_group)) {
-        snprintf(L->err, L->errlen,
-                 "%s: n_routed_experts (at most 1024) must split into n_group groups of 2 or more, topk_group <= "
-                 "n_group and num_experts_per_tok at most the experts of topk_group groups",
-                 L->config_path);
+    char why[160];
+    const char *bad = route_fault(c, why, sizeof why);
+    if (bad) {
+        snprintf(L->err, L->errlen, "%s: %s %s", L->config_path, bad, why);
         return 1;
     }
     /* RoPE as transformers reads it: the older rope_scaling first where it is set (null
@@ -177,7 +209,7 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
         snprintf(L->err, L->errlen, "%s: %s must be an object", L->config_path, rope_key);
         return 1;
     }
-    if (cfg_num(L, cfg, "rope_theta", 10000.0, &c->rope_theta)) return 1;
+    if (cfg_positive(L, cfg, "rope_theta", 10000.0, &c->rope_theta)) return 1;
     if (rope && rope->type == JSON_OBJECT) {
         const char *type_key = json_get(rope, "rope_type") ? "rope_type" : "type";
         const json_value *type = json_get(rope, type_key);
@@ -186,7 +218,7 @@ static int parse_config(loader_ctx *L, const json_value *cfg) {
                      rope_key, type_key, type->type == JSON_STRING ? type->string : "of the wrong type");
             return 1;
         }
-        if (cfg_num(L, rope, "rope_theta", c->rope_theta, &c->rope_theta)) return 1;
+        if (cfg_positive(L, rope, "rope_theta", c->rope_theta, &c->rope_theta)) return 1;
     }
     c->mlp_sparse = malloc((size_t)c->layers);
     c->indexer_full = malloc((size_t)c->layers);

@@ -470,6 +470,15 @@ def test_missing_tensor_wrong_shape_unsupported_dtype(sanitized: tuple[Path, Pat
         ("rope_scaling", "linear", "rope_scaling must be an object"),
         ("mlp_layer_types", ["dense"], "key 'mlp_layer_types' must be a list of 5 strings"),
         ("kv_lora_rank", None, "key 'kv_lora_rank' is missing"),
+        # a value that computes NaN at every position, refused instead
+        ("rms_norm_eps", -1, "key 'rms_norm_eps' is -1, must be a finite number above 0"),
+        ("rope_theta", 0, "key 'rope_theta' is 0, must be a finite number above 0"),
+        ("routed_scaling_factor", -2.5, "key 'routed_scaling_factor' is -2.5, must be a finite number above 0"),
+        # the router's picks: each fault named with its values
+        ("n_routed_experts", 2048, "n_routed_experts is 2048, at most 1024"),
+        ("n_group", 3, "n_routed_experts 8 must split into n_group 3 groups of 2 or more"),
+        ("topk_group", 2, "topk_group 2 is more than n_group 1"),
+        ("num_experts_per_tok", 9, "num_experts_per_tok 9 is more than the 8 experts of topk_group 1"),
     ],
 )
 def test_bad_config_values(sanitized: tuple[Path, Path], tmp_path: Path, key: str, value: object, needle: str) -> None:
